@@ -1,0 +1,1 @@
+"""jaxrl_llm: JAX-native reinforcement-learning post-training for language models."""

@@ -1,0 +1,31 @@
+"""jaxrl_llm: JAX-native reinforcement-learning post-training for language models."""
+import setuptools
+
+setuptools.setup(
+    name="jaxrl_llm",
+    version="0.1.0",
+    description="JAX-native RL post-training (GRPO, PPO, DAPO, GSPO, ...) for Llama/Qwen models",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["jaxrl_llm", "jaxrl_llm.*", "configs", "launch"]),
+    python_requires=">=3.10",
+    # No jax[tpu]/jax[cuda] pin: the same package installs on CPU, GPU and TPU.
+    # Add the accelerator extra yourself (see README).
+    install_requires=[
+        "jax>=0.6",
+        "flax>=0.10",
+        "optax",
+        "orbax-checkpoint",
+        "chex",
+        "ml_collections",
+        "transformers>=4.50",
+        "safetensors",
+        "numpy",
+        "absl-py",
+    ],
+    extras_require={
+        # torch is pinned: 2.13.0 is a CPU wheel on our CI machines; parity tests only.
+        "test": ["pytest", "torch==2.13.0"],
+        "tfds": ["tensorflow-datasets", "importlib_resources"],
+    },
+)
