@@ -10,3 +10,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+from absl import flags  # noqa: E402
+
+# absltest helpers (create_tempdir, ...) read absl flags; pytest never parses them.
+flags.FLAGS.mark_as_parsed()

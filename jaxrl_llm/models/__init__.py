@@ -1,0 +1,204 @@
+"""Policy, reference and value models: one Flax decoder, several parameter trees.
+
+```python
+from jaxrl_llm import models
+model = models.from_pretrained(path, dtype="float32")            # HF-format local directory
+logits = models.compute_logits(model, input_ids, attention_mask)  # int [B, T] -> float32 [B, T, V]
+models.save_pretrained(model, path)                               # transformers can load it
+```
+
+A `Model` is a pytree: its parameters are the leaves, its `ModelConfig` (and the mesh and
+sharding rules it is placed with) are static, so a `Model` can be passed to `jax.jit`.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh
+
+from jaxrl_llm import sharding as sh
+from jaxrl_llm.models import kv_cache, load
+from jaxrl_llm.models.config import ModelConfig, from_hf_dict, to_hf_dict
+from jaxrl_llm.models.transformer import Transformer
+
+__all__ = [
+    "Model", "ModelConfig", "compute_logits", "compute_values", "forward",
+    "from_pretrained", "init", "init_cache", "place", "positions_from_mask", "save_pretrained",
+    "unembed", "value_model",
+]
+
+init_cache = kv_cache.init_cache
+
+
+@struct.dataclass
+class Model:
+  """Parameters plus the static description needed to run them.
+
+  Attributes:
+    params: the parameter tree (host numpy or device arrays, possibly sharded).
+    config: the architecture and numerics.
+    mesh: the mesh the parameters are placed on (None: default device, no constraints).
+    rules: the logical-axis rules used with `mesh`.
+  """
+  params: Any
+  config: ModelConfig = struct.field(pytree_node=False)
+  mesh: Mesh | None = struct.field(pytree_node=False, default=None)
+  rules: tuple | None = struct.field(pytree_node=False, default=None)
+
+  @property
+  def module(self) -> Transformer:
+    return Transformer(self.config, self.mesh, self.rules)
+
+
+def _boxed_init(cfg: ModelConfig, rng: jax.Array):
+  module = Transformer(cfg)
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  return module.init(rng, tokens, tokens, jnp.ones((1, 1), jnp.int32))["params"]
+
+
+def logical_param_names(cfg: ModelConfig):
+  """The tree of logical axis names of `cfg`'s parameters (tuples at the leaves)."""
+  abstract = jax.eval_shape(functools.partial(_boxed_init, cfg), jax.random.key(0))
+  return sh.logical_names(abstract)
+
+
+def param_shardings(cfg: ModelConfig, mesh: Mesh, rules):
+  abstract = jax.eval_shape(functools.partial(_boxed_init, cfg), jax.random.key(0))
+  return nn.unbox(sh.infer_shardings(abstract, mesh, rules))
+
+
+def _freeze_rules(rules):
+  return None if rules is None else tuple(
+      (name, tuple(axes) if isinstance(axes, (list, tuple)) else axes) for name, axes in rules)
+
+
+def init(cfg: ModelConfig, rng: jax.Array, mesh: Mesh | None = None,
+         rules=sh.DEFAULT_RULES) -> Model:
+  """A randomly initialised model; with a mesh, its parameters are created already sharded."""
+  if mesh is None:
+    params = nn.unbox(jax.jit(functools.partial(_boxed_init, cfg))(rng))
+    return Model(params, cfg)
+  rules = _freeze_rules(rules)
+  params, _ = sh.init_sharded(functools.partial(_boxed_init, cfg, rng), mesh, rules)
+  return Model(params, cfg, mesh, rules)
+
+
+def place(model: Model, mesh: Mesh, rules=sh.DEFAULT_RULES) -> Model:
+  """The same model with its parameters sharded on `mesh` by `rules`."""
+  rules = _freeze_rules(rules)
+  params = sh.put(model.params, param_shardings(model.config, mesh, rules))
+  return Model(params, model.config, mesh, rules)
+
+
+def from_pretrained(path: str, dtype: str = "float32", *, param_dtype: str | None = None,
+                    remat: bool = False, mesh: Mesh | None = None,
+                    rules=sh.DEFAULT_RULES) -> Model:
+  """Loads a local Hugging Face directory (config.json + safetensors).
+
+  Args:
+    path: the directory.
+    dtype: compute dtype name ('float32', 'bfloat16', 'float16').
+    param_dtype: parameter dtype name (default: `dtype`).
+    remat: rematerialise blocks in the backward pass.
+    mesh, rules: place the parameters on this mesh (default: keep them on the host as numpy
+      arrays; jitted calls copy them to the default device).
+  """
+  cfg = from_hf_dict(load.read_config(path), dtype=dtype, param_dtype=param_dtype, remat=remat)
+  model = Model(load.load_params(path, cfg), cfg)
+  return place(model, mesh, rules) if mesh is not None else model
+
+
+def _host(x) -> np.ndarray:
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
+def save_pretrained(model: Model, path: str, *, max_shard_bytes: int = 5 * 2**30) -> None:
+  """Writes `model` as a Hugging Face directory that transformers' Auto classes load.
+
+  With several processes, every process must call this (the parameters are gathered);
+  only process 0 writes.
+  """
+  if model.config.head != "lm":
+    raise ValueError("only language models (head='lm') save to the Hugging Face format; "
+                     "checkpoint a value model with the trainer's orbax checkpoints")
+  hf_config = to_hf_dict(model.config)
+  params = jax.tree.map(_host, model.params)
+  if jax.process_index() != 0:
+    return
+  os.makedirs(path, exist_ok=True)
+  load.save_params(load.hf_tensors(params, model.config), path, max_shard_bytes)
+  with open(os.path.join(path, load.CONFIG_FILE), "w") as f:
+    json.dump(hf_config, f, indent=2)
+
+
+def value_model(policy: Model) -> Model:
+  """A critic: the policy's backbone (copied) plus a zero-initialised scalar head."""
+  cfg = policy.config.replace(head="value")
+  head_init = jax.eval_shape(functools.partial(_boxed_init, cfg), jax.random.key(0))["value_head"]
+  params = {k: v for k, v in policy.params.items() if k != "lm_head"}
+  params["value_head"] = jax.tree.map(lambda x: np.zeros(x.value.shape, x.value.dtype),
+                                      head_init, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  params = jax.tree.map(lambda x: x.copy() if isinstance(x, np.ndarray) else jnp.array(x), params)
+  model = Model(params, cfg)
+  return place(model, policy.mesh, policy.rules) if policy.mesh is not None else model
+
+
+def positions_from_mask(mask_BT: jax.Array) -> jax.Array:
+  """Position ids that ignore left padding: clip(cumsum(mask) - 1, 0)."""
+  return jnp.maximum(jnp.cumsum(mask_BT.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def forward(model: Model, tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0,
+            return_hidden=False):
+  """One call of the transformer (not jitted: call it inside your own jitted function).
+
+  Returns (logits [B, T, V] float32 | values [B, T] | hidden [B, T, D], new cache or None).
+  """
+  return model.module.apply({"params": model.params}, tokens_BT, positions_BT, kv_mask_BS,
+                            cache, cache_index, return_hidden)
+
+
+def unembed(model: Model, hidden_BTD):
+  """Final hidden states -> float32 logits (or values); for chunked log-prob computation."""
+  return model.module.apply({"params": model.params}, hidden_BTD, method=Transformer.unembed)
+
+
+def _check_inputs(input_ids, attention_mask):
+  input_ids, attention_mask = jnp.asarray(input_ids), jnp.asarray(attention_mask)
+  if input_ids.ndim != 2 or input_ids.shape != attention_mask.shape:
+    raise ValueError(f"input_ids {input_ids.shape} and attention_mask {attention_mask.shape} "
+                     "must both be [batch, length]")
+  if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+    raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+  return input_ids.astype(jnp.int32), attention_mask.astype(jnp.int32)
+
+
+@jax.jit
+def _full_forward(model: Model, input_ids, attention_mask):
+  out, _ = forward(model, input_ids, positions_from_mask(attention_mask), attention_mask)
+  return out
+
+
+def compute_logits(model: Model, input_ids, attention_mask) -> jax.Array:
+  """Float32 next-token logits [B, T, V] of int tokens [B, T]; left padding is ignored."""
+  if model.config.head != "lm":
+    raise ValueError("compute_logits needs a language model (head='lm'); use compute_values")
+  return _full_forward(model, *_check_inputs(input_ids, attention_mask))
+
+
+def compute_values(model: Model, input_ids, attention_mask) -> jax.Array:
+  """Float32 values [B, T] of a critic made by `value_model`."""
+  if model.config.head != "value":
+    raise ValueError("compute_values needs a value model; make one with models.value_model(policy)")
+  return _full_forward(model, *_check_inputs(input_ids, attention_mask))

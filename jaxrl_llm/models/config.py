@@ -1,0 +1,215 @@
+"""ModelConfig: the architecture of one decoder, read from and written to HF `config.json`.
+
+One config covers the Llama 3 family, Qwen2 (q/k/v bias) and Qwen3 (q/k RMSNorm). The
+fields are hashable so a config can be a static argument of `jax.jit`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+HEADS = ("lm", "value")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Architecture and numerics of a decoder-only transformer.
+
+  Attributes:
+    model_type: 'llama', 'qwen2' or 'qwen3' (only changes the defaults of the flags below
+      and the `model_type` written back to config.json).
+    vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
+    head_dim: the shapes (V, D, F, L, H, K, Dh).
+    rope_theta: RoPE base.
+    rope_scaling: None or a tuple of (key, value) pairs of HF's rope parameters
+      ('rope_type' in SUPPORTED_ROPE_TYPES), kept as a tuple so the config hashes.
+    rms_norm_eps: RMSNorm epsilon.
+    tie_word_embeddings: the unembedding is the transposed embedding.
+    qkv_bias: q/k/v projections have a bias (Qwen2; Llama/Qwen3 with attention_bias).
+    o_bias: the output projection has a bias (Llama/Qwen3 with attention_bias).
+    mlp_bias: gate/up/down projections have a bias (Llama's mlp_bias).
+    qk_norm: RMSNorm over head_dim on queries and keys before RoPE (Qwen3).
+    max_position_embeddings: written back to config.json; not a hard limit here.
+    dtype: compute dtype name; param_dtype: parameter storage dtype name.
+    remat: rematerialise each block in the backward pass (saves activation memory).
+    head: 'lm' (next-token logits) or 'value' (one scalar per position, for PPO's critic).
+    bos_token_id, eos_token_id, pad_token_id: carried over from config.json (eos may be a tuple).
+  """
+
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  model_type: str = "llama"
+  rope_theta: float = 10000.0
+  rope_scaling: tuple[tuple[str, Any], ...] | None = None
+  rms_norm_eps: float = 1e-6
+  tie_word_embeddings: bool = False
+  qkv_bias: bool = False
+  o_bias: bool = False
+  mlp_bias: bool = False
+  qk_norm: bool = False
+  max_position_embeddings: int = 4096
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  remat: bool = False
+  head: str = "lm"
+  bos_token_id: int | None = None
+  eos_token_id: int | tuple[int, ...] | None = None
+  pad_token_id: int | None = None
+
+  def __post_init__(self):
+    if self.model_type not in SUPPORTED_MODEL_TYPES:
+      raise ValueError(f"model_type={self.model_type!r} is not supported; "
+                       f"expected one of {list(SUPPORTED_MODEL_TYPES)}")
+    for name in ("dtype", "param_dtype"):
+      check_dtype(name, getattr(self, name))
+    if self.head not in HEADS:
+      raise ValueError(f"head={self.head!r}: expected one of {list(HEADS)}")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                 "num_heads", "num_kv_heads", "head_dim"):
+      if int(getattr(self, name)) <= 0:
+        raise ValueError(f"{name}={getattr(self, name)!r}: expected a positive integer")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+                       f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
+    rope_type = self.rope_params.get("rope_type", "default")
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+      raise ValueError(f"rope_scaling rope_type={rope_type!r} is not supported; "
+                       f"expected one of {list(SUPPORTED_ROPE_TYPES)}")
+
+  @property
+  def rope_params(self) -> dict[str, Any]:
+    return dict(self.rope_scaling or ())
+
+  @property
+  def jnp_dtype(self):
+    return DTYPES[self.dtype]
+
+  @property
+  def jnp_param_dtype(self):
+    return DTYPES[self.param_dtype]
+
+  def replace(self, **changes) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+
+def check_dtype(field: str, value: str) -> str:
+  if value not in DTYPES:
+    raise ValueError(f"{field}={value!r} is not a known dtype; expected one of {list(DTYPES)}")
+  return value
+
+
+def _hashable(value):
+  if isinstance(value, dict):
+    return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+  if isinstance(value, list):
+    return tuple(_hashable(v) for v in value)
+  return value
+
+
+def from_hf_dict(hf: dict[str, Any], *, dtype: str = "float32", param_dtype: str | None = None,
+                 remat: bool = False) -> ModelConfig:
+  """Reads a Hugging Face `config.json` dict (transformers 4.x or 5.x layout)."""
+  model_type = hf.get("model_type")
+  if model_type not in SUPPORTED_MODEL_TYPES:
+    raise ValueError(f"config.json model_type={model_type!r} is not supported; "
+                     f"expected one of {list(SUPPORTED_MODEL_TYPES)}")
+  act = hf.get("hidden_act", "silu")
+  if act != "silu":
+    raise ValueError(f"config.json hidden_act={act!r} is not supported; expected 'silu'")
+  if hf.get("use_sliding_window"):
+    raise ValueError("config.json use_sliding_window=True is not supported; expected False")
+  # transformers 5 keeps theta and scaling in `rope_parameters`; 4.x in rope_theta/rope_scaling.
+  rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+  rope_theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+  if "type" in rope and "rope_type" not in rope:
+    rope["rope_type"] = rope.pop("type")
+  if rope.get("rope_type", "default") == "default":
+    rope = {}
+  num_heads = hf["num_attention_heads"]
+  head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
+  attention_bias = bool(hf.get("attention_bias", False))
+  eos = hf.get("eos_token_id")
+  return ModelConfig(
+      model_type=model_type,
+      vocab_size=hf["vocab_size"],
+      hidden_size=hf["hidden_size"],
+      intermediate_size=hf["intermediate_size"],
+      num_layers=hf["num_hidden_layers"],
+      num_heads=num_heads,
+      num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+      head_dim=head_dim,
+      rope_theta=rope_theta,
+      rope_scaling=_hashable(rope) or None,
+      rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      qkv_bias=True if model_type == "qwen2" else attention_bias,
+      o_bias=False if model_type == "qwen2" else attention_bias,
+      mlp_bias=bool(hf.get("mlp_bias", False)),
+      qk_norm=model_type == "qwen3",
+      max_position_embeddings=hf.get("max_position_embeddings", 4096),
+      dtype=check_dtype("dtype", dtype),
+      param_dtype=check_dtype("param_dtype", param_dtype or dtype),
+      remat=remat,
+      bos_token_id=hf.get("bos_token_id"),
+      eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+      pad_token_id=hf.get("pad_token_id"),
+  )
+
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM"}
+
+
+def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
+  """Writes a `config.json` dict that transformers' Auto classes load."""
+  if cfg.model_type == "qwen2" and (not cfg.qkv_bias or cfg.o_bias):
+    raise ValueError("a qwen2 model must have qkv_bias=True and o_bias=False")
+  if cfg.model_type != "qwen2" and cfg.qkv_bias != cfg.o_bias:
+    raise ValueError(f"model_type={cfg.model_type!r} has one attention_bias flag: "
+                     f"qkv_bias={cfg.qkv_bias} and o_bias={cfg.o_bias} must be equal")
+  if cfg.qk_norm != (cfg.model_type == "qwen3"):
+    raise ValueError(f"qk_norm={cfg.qk_norm} cannot be written as model_type={cfg.model_type!r}")
+  rope = {"rope_type": "default", **cfg.rope_params, "rope_theta": cfg.rope_theta}
+  hf = {
+      "architectures": [_ARCHITECTURES[cfg.model_type]],
+      "model_type": cfg.model_type,
+      "vocab_size": cfg.vocab_size,
+      "hidden_size": cfg.hidden_size,
+      "intermediate_size": cfg.intermediate_size,
+      "num_hidden_layers": cfg.num_layers,
+      "num_attention_heads": cfg.num_heads,
+      "num_key_value_heads": cfg.num_kv_heads,
+      "head_dim": cfg.head_dim,
+      "hidden_act": "silu",
+      "max_position_embeddings": cfg.max_position_embeddings,
+      "rms_norm_eps": cfg.rms_norm_eps,
+      "tie_word_embeddings": cfg.tie_word_embeddings,
+      # Both layouts, so transformers 4.x and 5.x read the same file.
+      "rope_theta": cfg.rope_theta,
+      "rope_scaling": None if rope["rope_type"] == "default" else {
+          k: v for k, v in rope.items() if k != "rope_theta"},
+      "rope_parameters": rope,
+      "torch_dtype": cfg.param_dtype,
+      "dtype": cfg.param_dtype,
+      "bos_token_id": cfg.bos_token_id,
+      "eos_token_id": list(cfg.eos_token_id) if isinstance(cfg.eos_token_id, tuple)
+                      else cfg.eos_token_id,
+      "pad_token_id": cfg.pad_token_id,
+  }
+  if cfg.model_type != "qwen2":
+    hf["attention_bias"] = cfg.o_bias
+  if cfg.model_type == "llama":
+    hf["mlp_bias"] = cfg.mlp_bias
+  elif cfg.mlp_bias:
+    raise ValueError(f"mlp_bias=True cannot be written as model_type={cfg.model_type!r}")
+  return hf

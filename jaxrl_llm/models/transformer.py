@@ -1,0 +1,230 @@
+"""The decoder: Embed -> L x Block(RMSNorm, Attention, RMSNorm, Mlp) -> RMSNorm -> head.
+
+One Flax module covers Llama 3, Qwen2 and Qwen3 (see `ModelConfig`). Layers are one
+`nn.scan` over a stacked block, so compile time does not grow with depth and every layer
+parameter has a leading `layers` axis. Attention always reads keys from a buffer of length
+S: the current tokens themselves (S == T, no cache) or a preallocated KV cache, written at
+`cache_index`. A query at slot i sees key slot j iff j <= i and `kv_mask[b, j]`, so
+left-padded prompts give the same values for their real tokens as unpadded ones.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from jaxrl_llm import sharding as sh
+from jaxrl_llm.models import value_head
+from jaxrl_llm.models.config import ModelConfig
+
+_init = nn.initializers.normal(stddev=0.02)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+  """Inverse frequencies [Dh/2] of RoPE, with HF's `linear` and `llama3` rope scaling."""
+  dim = cfg.head_dim
+  inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+  params = cfg.rope_params
+  kind = params.get("rope_type", "default")
+  if kind == "linear":
+    inv_freq = inv_freq / params["factor"]
+  elif kind == "llama3":
+    factor = params["factor"]
+    low, high = params["low_freq_factor"], params["high_freq_factor"]
+    old_len = params["original_max_position_embeddings"]
+    wavelen = 2 * np.pi / inv_freq
+    scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    inv_freq = np.where(medium, smoothed, scaled)
+  return inv_freq.astype(np.float32)
+
+
+def apply_rope(x_BTNd: jax.Array, positions_BT: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  """Rotates pairs (d, d + Dh/2) by position * inv_freq (HF's rotate_half layout)."""
+  freqs_BTf = positions_BT.astype(jnp.float32)[:, :, None] * inv_freq[None, None, :]  # [B, T, Dh/2]
+  cos = jnp.cos(jnp.concatenate([freqs_BTf, freqs_BTf], -1))[:, :, None, :]  # [B, T, 1, Dh]
+  sin = jnp.sin(jnp.concatenate([freqs_BTf, freqs_BTf], -1))[:, :, None, :]
+  x = x_BTNd.astype(jnp.float32)
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  return (x * cos + rotated * sin).astype(x_BTNd.dtype)
+
+
+def _lead(x: jax.Array, ndim: int) -> jax.Array:
+  """Adds leading unit axes so x broadcasts against a rank-`ndim` array."""
+  return x.reshape((1,) * (ndim - x.ndim) + x.shape)
+
+
+class RMSNorm(nn.Module):
+  """y = scale * x / sqrt(mean(x^2) + eps), the mean taken in float32."""
+  eps: float
+  dtype: Any
+  param_dtype: Any
+  axis_name: str = sh.EMBED
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
+                       (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return _lead(scale.astype(self.dtype), x.ndim) * y.astype(self.dtype)
+
+
+class Linear(nn.Module):
+  """y = einsum(eqn, x, kernel) (+ bias over the kernel's trailing `len(bias_axes)` dims)."""
+  eqn: str
+  kernel_shape: tuple[int, ...]
+  kernel_axes: tuple[str, ...]
+  bias_axes: tuple[str, ...] | None
+  dtype: Any
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x):
+    kernel = self.param("kernel", nn.with_logical_partitioning(_init, self.kernel_axes),
+                        self.kernel_shape, self.param_dtype)
+    y = jnp.einsum(self.eqn, x.astype(self.dtype), kernel.astype(self.dtype))
+    if self.bias_axes is not None:
+      shape = self.kernel_shape[len(self.kernel_shape) - len(self.bias_axes):]
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_axes),
+                        shape, self.param_dtype)
+      y = y + _lead(bias.astype(self.dtype), y.ndim)
+    return y
+
+
+class Attention(nn.Module):
+  """Grouped-query attention with RoPE, optional q/k norm and an optional KV cache."""
+  cfg: ModelConfig
+  mesh: Mesh | None = None
+  rules: Any = None
+
+  @nn.compact
+  def __call__(self, x_BTD, positions_BT, kv_mask_BS, cache, cache_index):
+    cfg = self.cfg
+    D, H, K, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
+    qkv_bias = lambda heads: (heads, sh.HEAD_DIM) if cfg.qkv_bias else None
+    q_BTHd = Linear("BTD,DHd->BTHd", (D, H, Dh), (sh.EMBED, sh.HEADS, sh.HEAD_DIM),
+                    qkv_bias(sh.HEADS), dt, pdt, name="q_proj")(x_BTD)
+    k_BTKd = Linear("BTD,DKd->BTKd", (D, K, Dh), (sh.EMBED, sh.KV_HEADS, sh.HEAD_DIM),
+                    qkv_bias(sh.KV_HEADS), dt, pdt, name="k_proj")(x_BTD)
+    v_BTKd = Linear("BTD,DKd->BTKd", (D, K, Dh), (sh.EMBED, sh.KV_HEADS, sh.HEAD_DIM),
+                    qkv_bias(sh.KV_HEADS), dt, pdt, name="v_proj")(x_BTD)
+    if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim, before RoPE
+      q_BTHd = RMSNorm(cfg.rms_norm_eps, dt, pdt, sh.HEAD_DIM, name="q_norm")(q_BTHd)
+      k_BTKd = RMSNorm(cfg.rms_norm_eps, dt, pdt, sh.HEAD_DIM, name="k_norm")(k_BTKd)
+    inv_freq = rope_inv_freq(cfg)
+    q_BTHd = apply_rope(q_BTHd, positions_BT, inv_freq)
+    k_BTKd = apply_rope(k_BTKd, positions_BT, inv_freq)
+
+    T = x_BTD.shape[1]
+    if cache is None:
+      k_BSKd, v_BSKd, new_cache = k_BTKd, v_BTKd, None
+    else:  # write this step's keys/values at [cache_index, cache_index + T)
+      start = (0, cache_index, 0, 0)
+      k_BSKd = jax.lax.dynamic_update_slice(cache["k"], k_BTKd.astype(cache["k"].dtype), start)
+      v_BSKd = jax.lax.dynamic_update_slice(cache["v"], v_BTKd.astype(cache["v"].dtype), start)
+      new_cache = {"k": k_BSKd, "v": v_BSKd}
+    S = k_BSKd.shape[1]
+    q_slot_T = cache_index + jnp.arange(T)
+    causal_TS = jnp.arange(S)[None, :] <= q_slot_T[:, None]
+    mask_B1TS = (causal_TS[None, :, :] & kv_mask_BS[:, None, :].astype(bool))[:, None]
+    # softmax in float32 inside dot_product_attention; K kv heads serve H // K query heads.
+    out_BTHd = jax.nn.dot_product_attention(q_BTHd, k_BSKd.astype(dt), v_BSKd.astype(dt),
+                                            mask=mask_B1TS, scale=Dh ** -0.5)
+    out_BTHd = sh.constrain(out_BTHd, (sh.BATCH, sh.SEQ, sh.HEADS, sh.HEAD_DIM), self.mesh, self.rules)
+    o_bias = (sh.EMBED,) if cfg.o_bias else None
+    out_BTD = Linear("BTHd,HdD->BTD", (H, Dh, D), (sh.HEADS, sh.HEAD_DIM, sh.EMBED), o_bias, dt, pdt,
+                     name="o_proj")(out_BTHd)
+    return out_BTD, new_cache
+
+
+class Mlp(nn.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD):
+    cfg = self.cfg
+    D, F, dt, pdt = cfg.hidden_size, cfg.intermediate_size, cfg.jnp_dtype, cfg.jnp_param_dtype
+    bias_in = (sh.MLP,) if cfg.mlp_bias else None
+    gate_BTF = Linear("BTD,DF->BTF", (D, F), (sh.EMBED, sh.MLP), bias_in, dt, pdt, name="gate_proj")(x_BTD)
+    up_BTF = Linear("BTD,DF->BTF", (D, F), (sh.EMBED, sh.MLP), bias_in, dt, pdt, name="up_proj")(x_BTD)
+    bias_out = (sh.EMBED,) if cfg.mlp_bias else None
+    return Linear("BTF,FD->BTD", (F, D), (sh.MLP, sh.EMBED), bias_out, dt, pdt,
+                  name="down_proj")(jax.nn.silu(gate_BTF) * up_BTF)
+
+
+class Block(nn.Module):
+  """Pre-norm residual block; the scan carry is the residual stream, the cache a scanned input."""
+  cfg: ModelConfig
+  mesh: Mesh | None = None
+  rules: Any = None
+
+  @nn.compact
+  def __call__(self, x_BTD, cache, positions_BT, kv_mask_BS, cache_index):
+    cfg = self.cfg
+    norm = lambda name: RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
+    attn_BTD, cache = Attention(cfg, self.mesh, self.rules, name="attn")(
+        norm("input_norm")(x_BTD), positions_BT, kv_mask_BS, cache, cache_index)
+    x_BTD = x_BTD + attn_BTD
+    x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm("post_attention_norm")(x_BTD))
+    x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
+    return x_BTD, cache
+
+
+class Transformer(nn.Module):
+  """Decoder-only transformer; `head` 'lm' gives logits [B, T, V], 'value' values [B, T].
+
+  Call: (tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0, return_hidden=False)
+  -> (logits or values or final hidden states, new cache or None).
+  """
+  cfg: ModelConfig
+  mesh: Mesh | None = None
+  rules: Any = None
+
+  def setup(self):
+    cfg = self.cfg
+    self.embed = self.param("embed", nn.with_logical_partitioning(_init, (sh.VOCAB, sh.EMBED)),
+                            (cfg.vocab_size, cfg.hidden_size), cfg.jnp_param_dtype)
+    block = nn.remat(Block, prevent_cse=False) if cfg.remat else Block
+    self.layers = nn.scan(
+        block, variable_axes={"params": 0}, split_rngs={"params": True},
+        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+        metadata_params={nn.PARTITION_NAME: sh.LAYERS},
+    )(cfg, self.mesh, self.rules)
+    self.final_norm = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype)
+    if cfg.head == "value":
+      self.value_head = value_head.ValueHead(cfg.jnp_dtype, cfg.jnp_param_dtype)
+    elif not cfg.tie_word_embeddings:
+      self.lm_head = self.param("lm_head", nn.with_logical_partitioning(_init, (sh.EMBED, sh.VOCAB)),
+                                (cfg.hidden_size, cfg.vocab_size), cfg.jnp_param_dtype)
+
+  def __call__(self, tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0,
+               return_hidden=False):
+    x_BTD = jnp.take(self.embed, tokens_BT, axis=0).astype(self.cfg.jnp_dtype)
+    x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
+    x_BTD, cache = self.layers(x_BTD, cache, positions_BT, kv_mask_BS, cache_index)
+    x_BTD = self.final_norm(x_BTD)
+    if return_hidden:
+      return x_BTD, cache
+    return self.unembed(x_BTD), cache
+
+  def unembed(self, x_BTD):
+    """Final hidden states -> float32 logits [B, T, V] (or values [B, T] for the value head)."""
+    dt = self.cfg.jnp_dtype
+    if self.cfg.head == "value":
+      return self.value_head(x_BTD)
+    if self.cfg.tie_word_embeddings:
+      logits_BTV = jnp.einsum("BTD,VD->BTV", x_BTD.astype(dt), self.embed.astype(dt))
+    else:
+      logits_BTV = jnp.einsum("BTD,DV->BTV", x_BTD.astype(dt), self.lm_head.astype(dt))
+    logits_BTV = sh.constrain(logits_BTV, (sh.BATCH, sh.SEQ, sh.VOCAB), self.mesh, self.rules)
+    return logits_BTV.astype(jnp.float32)

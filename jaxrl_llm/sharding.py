@@ -1,0 +1,190 @@
+"""The one device mesh, the logical-axis vocabulary, and rules -> NamedSharding.
+
+Every array that lives on devices (policy, reference and value parameters, optimizer
+state, KV caches, batches) names its dimensions with the logical axes below. A table of
+rules (`config.mesh.rules`) maps each logical axis to zero, one or several mesh axes
+(`data`, `fsdp`, `tensor`). A dimension whose size the mesh axes do not divide, or whose
+mesh axes an earlier dimension of the same array already uses, stays replicated: tiny
+test models with odd sizes still run on any mesh.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+# Logical axis names, defined once.
+BATCH = "batch"
+SEQ = "seq"
+EMBED = "embed"
+HEADS = "heads"
+KV_HEADS = "kv_heads"
+HEAD_DIM = "head_dim"
+MLP = "mlp"
+VOCAB = "vocab"
+CACHE_SEQ = "cache_seq"
+LAYERS = "layers"
+LOGICAL_AXES = (BATCH, SEQ, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB, CACHE_SEQ, LAYERS)
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Batch over data and fsdp; parameters gathered over fsdp; heads, MLP and vocab over tensor.
+DEFAULT_RULES = (
+    (BATCH, ("data", "fsdp")),
+    (EMBED, "fsdp"),
+    (HEADS, "tensor"),
+    (KV_HEADS, "tensor"),
+    (MLP, "tensor"),
+    (VOCAB, "tensor"),
+    (HEAD_DIM, None),
+    (SEQ, None),
+    (CACHE_SEQ, None),
+    (LAYERS, None),
+)
+
+Rules = Sequence[tuple[str, Any]]
+
+
+def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """Builds the (data, fsdp, tensor) mesh from `config.mesh`.
+
+  Args:
+    mesh_cfg: anything with integer attributes (or keys) `data`, `fsdp`, `tensor`; one of
+      them may be -1, meaning "all the devices the others leave".
+    devices: defaults to all devices of all processes.
+  Returns:
+    A `jax.sharding.Mesh` with axis names ('data', 'fsdp', 'tensor').
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  get = mesh_cfg.get if isinstance(mesh_cfg, dict) else lambda k: getattr(mesh_cfg, k)
+  shape = {axis: int(get(axis)) for axis in MESH_AXES}
+  for axis, size in shape.items():
+    if size == 0 or size < -1:
+      raise ValueError(f"config.mesh.{axis}={size}: expected a positive size or -1")
+  rest = [a for a, s in shape.items() if s == -1]
+  if len(rest) > 1:
+    raise ValueError(f"config.mesh: only one axis may be -1, got {rest}")
+  known = math.prod(s for s in shape.values() if s != -1)
+  if rest:
+    if len(devices) % known:
+      raise ValueError(f"config.mesh {shape}: the other axes ({known} devices) do not divide "
+                       f"the {len(devices)} devices")
+    shape[rest[0]] = len(devices) // known
+  if math.prod(shape.values()) != len(devices):
+    raise ValueError(f"config.mesh {shape} needs {math.prod(shape.values())} devices; "
+                     f"there are {len(devices)}")
+  dims = tuple(shape[a] for a in MESH_AXES)
+  try:
+    device_array = mesh_utils.create_device_mesh(dims, devices)
+  except (ValueError, AssertionError, NotImplementedError):
+    device_array = np.asarray(devices).reshape(dims)
+  return Mesh(device_array, MESH_AXES)
+
+
+def _rules_table(rules: Rules) -> dict[str, tuple[str, ...]]:
+  table = {}
+  for logical, mesh_axes in rules:
+    if logical not in LOGICAL_AXES:
+      raise ValueError(f"config.mesh.rules: unknown logical axis {logical!r}; "
+                       f"expected one of {list(LOGICAL_AXES)}")
+    if mesh_axes is None:
+      mesh_axes = ()
+    elif isinstance(mesh_axes, str):
+      mesh_axes = (mesh_axes,)
+    for axis in mesh_axes:
+      if axis not in MESH_AXES:
+        raise ValueError(f"config.mesh.rules: {logical!r} maps to unknown mesh axis {axis!r}; "
+                         f"expected some of {list(MESH_AXES)}")
+    table[logical] = tuple(mesh_axes)
+  return table
+
+
+def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                    rules: Rules) -> PartitionSpec:
+  """PartitionSpec for one array: each dimension's logical name through the rules.
+
+  A mesh axis is used at most once per array, and only where it divides the dimension;
+  otherwise that dimension is replicated over it.
+  """
+  if len(names) != len(shape):
+    raise ValueError(f"logical axes {tuple(names)} do not match an array of shape {tuple(shape)}")
+  table = _rules_table(rules)
+  used: set[str] = set()
+  spec = []
+  for name, size in zip(names, shape):
+    chosen = []
+    for axis in table.get(name, ()) if name is not None else ():
+      n = mesh.shape[axis]
+      if axis in used or n == 1 or size % (math.prod(mesh.shape[a] for a in chosen) * n):
+        continue
+      chosen.append(axis)
+    used.update(chosen)
+    spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else tuple(chosen))
+  return PartitionSpec(*spec)
+
+
+def named_sharding(names, shape, mesh: Mesh, rules: Rules) -> NamedSharding:
+  return NamedSharding(mesh, logical_to_spec(names, shape, mesh, rules))
+
+
+def constrain(x: jax.Array, names: Sequence[str | None], mesh: Mesh | None, rules: Rules | None):
+  """`with_sharding_constraint` by logical names; a no-op without a mesh."""
+  if mesh is None or rules is None:
+    return x
+  return jax.lax.with_sharding_constraint(x, named_sharding(names, x.shape, mesh, rules))
+
+
+def _is_partitioned(x) -> bool:
+  return isinstance(x, nn.Partitioned)
+
+
+def infer_shardings(abstract_tree, mesh: Mesh, rules: Rules):
+  """NamedShardings for a tree whose leaves are `nn.Partitioned` (boxed) or plain arrays.
+
+  Boxed leaves carry their logical names; plain leaves (scalars, counters) are replicated.
+  """
+  def one(leaf):
+    if _is_partitioned(leaf):
+      return named_sharding(leaf.names, leaf.value.shape, mesh, rules)
+    return NamedSharding(mesh, PartitionSpec())
+  return jax.tree.map(one, abstract_tree, is_leaf=_is_partitioned)
+
+
+def logical_names(abstract_tree):
+  """The logical names of each boxed leaf (None for plain leaves), unboxed structure."""
+  return jax.tree.map(lambda x: tuple(x.names) if _is_partitioned(x) else None,
+                      abstract_tree, is_leaf=_is_partitioned)
+
+
+def init_sharded(init_fn: Callable[[], Any], mesh: Mesh, rules: Rules):
+  """Runs `init_fn` (returning a boxed tree) jitted, so its outputs are born sharded.
+
+  Returns:
+    (unboxed params placed on `mesh`, their NamedShardings).
+  """
+  abstract = jax.eval_shape(init_fn)
+  shardings = nn.unbox(infer_shardings(abstract, mesh, rules))
+  params = jax.jit(lambda: nn.unbox(init_fn()), out_shardings=shardings)()
+  return params, shardings
+
+
+def put(tree, shardings):
+  """Places host (numpy) arrays on the mesh; works with several processes.
+
+  Every process holds the whole host value; each one hands its devices their slices.
+  """
+  def one(x, sharding):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return jax.device_put(x, sharding)  # already global: let jax reshard
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+  return jax.tree.map(one, tree, shardings)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
