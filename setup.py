@@ -25,7 +25,7 @@ setuptools.setup(
     ],
     extras_require={
         # torch is pinned: 2.13.0 is a CPU wheel on our CI machines; parity tests only.
-        "test": ["pytest", "torch==2.13.0"],
+        "test": ["pytest", "torch==2.13.0", "tensorflow-datasets", "importlib_resources"],
         "tfds": ["tensorflow-datasets", "importlib_resources"],
     },
 )
