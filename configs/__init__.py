@@ -1,0 +1,1 @@
+"""Experiment configs: one `get_config(arg=None)` per file (see common.py)."""

@@ -1,0 +1,33 @@
+"""CISPO: clip the importance weight, not the update; every token keeps a gradient.
+
+Chen et al. 2025 (MiniMax), "MiniMax-M1: Scaling Test-Time Compute Efficiently with
+Lightning Attention", arXiv:2506.13585, eq. 4; also the loss of ScaleRL (Khatri et
+al. 2025, arXiv:2510.13786). Loss `-sg[min(ρ, 1 + clip_high)]·A·logp`, token mean
+over the batch, GRPO advantages, no KL. No lower bound (`clip_low >= 1`), as in the
+paper; the weight is capped at 4 (`clip_high = 3`), the cap Tinker uses by default
+for CISPO after ScaleRL.
+
+Run:
+  python -m launch.train --config=configs/cispo.py --workdir=/tmp/cispo
+  python -m launch.train --config=configs/cispo.py:runlocal --workdir=/tmp/cispo_local  # CPU
+Hardware: as configs/grpo.py.
+Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+"""
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, runlocal=False)
+  config = common.base_config()
+  algo = config.algo
+  algo.advantage.estimator = "grpo"
+  algo.loss.aggregation = "token_mean"
+  algo.loss.ratio = "token"
+  algo.loss.trust_region = "cispo"
+  algo.loss.clip_low = 1.0  # >= 1: no lower bound on the weight
+  algo.loss.clip_high = 3.0  # weight <= 1 + 3 = 4
+  algo.kl.coef = 0.0
+  algo.kl.placement = "none"
+  if arg.runlocal:
+    common.shrink_for_local(config)
+  return common.finalize(config)

@@ -1,0 +1,243 @@
+"""Shared config blocks and the `get_config(arg)` argument parser.
+
+Every experiment file builds its config from `base_config()` and changes what makes it
+that experiment; `print(config)` shows every key the code reads. The `algo` block holds
+exactly the axes of `shared/ALGORITHMS.md`; its defaults are GRPO's, and each preset
+sets every axis it depends on explicitly anyway.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+ConfigDict = ml_collections.ConfigDict
+
+
+def parse_arg(arg: str | None, *, lazy: bool = False, **spec) -> ConfigDict:
+  """Parses `get_config`'s single string argument, big_vision style.
+
+  `arg` is a comma-separated list of `key=value` or bare `key` (meaning True), e.g.
+  `"runlocal,samples=4"`. Every key must appear in `spec`, whose values are the
+  defaults and fix each key's type.
+
+  Args:
+    arg: the string after the colon in `--config=configs/grpo.py:runlocal`.
+    lazy: accept keys not in `spec` (as strings).
+    **spec: defaults, e.g. `runlocal=False`.
+
+  Returns:
+    A ConfigDict with one entry per key of `spec` (and, if lazy, of `arg`).
+  """
+  parsed = ConfigDict(dict(spec))
+  for item in filter(None, (arg or "").split(",")):
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if key not in spec and not lazy:
+      raise ValueError(f"Unknown config argument {key!r}; valid: {sorted(spec)}.")
+    default = spec.get(key, "")
+    if not sep:
+      parsed[key] = True
+    elif isinstance(default, bool):
+      parsed[key] = value.lower() in ("1", "true", "yes")
+    else:
+      parsed[key] = type(default)(value)
+  return parsed
+
+
+def model_config() -> ConfigDict:
+  """Policy (and reference/value backbone) model: a tiny Llama unless `path` is set."""
+  return ConfigDict({
+      "path": "",  # HF checkpoint dir or hub id; '' = build from `arch`
+      "dtype": "float32",
+      "param_dtype": "float32",
+      "remat": False,
+      "arch": {
+          "model_type": "llama",
+          "vocab_size": 512,
+          "hidden_size": 64,
+          "intermediate_size": 128,
+          "num_layers": 2,
+          "num_heads": 4,
+          "num_kv_heads": 2,
+          "head_dim": 16,
+          "rope_theta": 10000.0,
+          "rms_norm_eps": 1e-6,
+          "tie_word_embeddings": False,
+          "max_position_embeddings": 512,
+      },
+  })
+
+
+def mesh_config() -> ConfigDict:
+  """Device mesh and the logical-axis -> mesh-axes rules (see jaxrl_llm/sharding.py)."""
+  return ConfigDict({
+      "data": -1,  # -1: all devices the other axes leave
+      "fsdp": 1,
+      "tensor": 1,
+      "rules": (
+          ("batch", ("data", "fsdp")),
+          ("embed", "fsdp"),
+          ("heads", "tensor"),
+          ("kv_heads", "tensor"),
+          ("mlp", "tensor"),
+          ("vocab", "tensor"),
+          ("head_dim", None),
+          ("seq", None),
+          ("cache_seq", None),
+          ("layers", None),
+      ),
+  })
+
+
+def sampling_config() -> ConfigDict:
+  return ConfigDict({
+      "num_samples": 8,  # G, responses per prompt
+      "max_new_tokens": 64,
+      "temperature": 1.0,
+      "top_k": 0,  # 0 = off
+      "top_p": 1.0,
+      "max_prompt_len": 128,
+      "prompt_buckets": (32, 64, 128),  # prompts pad to the smallest bucket that fits
+  })
+
+
+def algo_config(sampling: ConfigDict) -> ConfigDict:
+  """The axes of ALGORITHMS.md, GRPO's values; presets override what they change."""
+  algo = ConfigDict({
+      "advantage": {
+          "estimator": "grpo",
+          "fn": "",  # user estimator "pkg.module:fn" / "file.py:fn": fn(rewards_PG, cfg)
+          "std_ddof": 0,  # 0 population std (seeds' examples), 1 unbiased (TRL, verl)
+          "eps": 1e-6,
+          "scale": "group",  # group | batch | none
+          "gamma": 1.0,
+          "lam": 1.0,
+          "whiten": False,  # gae only: whiten advantages over the batch's valid tokens
+      },
+      "loss": {
+          "ratio": "token",  # token | sequence | sequence_token | none
+          "trust_region": "clip",  # clip | cispo | gmpo | sapo | none
+          "clip_low": 0.2,
+          "clip_high": 0.2,
+          "dual_clip": 0.0,  # 0 = off, else c > 1
+          "tau_pos": 1.0,  # sapo only
+          "tau_neg": 1.05,  # sapo only
+          "aggregation": "seq_mean_token_mean",
+          "norm_length": 0,  # seq_mean_token_sum_norm only
+          "entropy_coef": 0.0,
+          "reducer": "",  # user reducer "pkg.module:fn": fn(loss_BT, mask_BT, counts, loss_cfg)
+      },
+      "kl": {
+          "coef": 0.04,
+          "estimator": "k3",  # k1 | k2 | k3
+          "placement": "loss",  # loss | reward | none
+      },
+      "value": {
+          "coef": 0.0,  # > 0 only with a value model (gae)
+          "value_clip": 0.2,
+      },
+      "num_iterations": 1,  # passes over each rollout batch
+      "num_minibatches": 1,  # optimizer steps per pass
+      "old_logp": "sampler",  # sampler | recompute
+      "tis_cap": 0.0,  # truncated IS weight cap for sampler/trainer mismatch; 0 = off
+      "dynamic_sampling": {"enabled": False, "max_rounds": 3},
+      "overlong": {
+          "enabled": False,
+          "max_len": 0,
+          "cache_len": 0,
+          "mask_truncated": False,  # truncated responses get no loss
+      },
+  })
+  algo.overlong.max_len = sampling.get_ref("max_new_tokens")
+  return algo
+
+
+def optimizer_config() -> ConfigDict:
+  return ConfigDict({
+      "name": "adamw",
+      "lr": 1e-6,
+      "b1": 0.9,
+      "b2": 0.999,
+      "eps": 1e-8,
+      "weight_decay": 0.0,
+      "grad_clip_norm": 1.0,
+      "schedule": "constant",  # constant | cosine
+      "warmup_steps": 0,
+  })
+
+
+def train_config() -> ConfigDict:
+  return ConfigDict({
+      "steps": 200,
+      "prompts_per_step": 16,  # P; B = P·G sequences per rollout batch
+      "micro_batch_size": 32,  # sequences per forward/backward; gradients accumulate
+      "eval_every": 50,
+      "log_every": 1,
+      "max_consecutive_skips": 3,  # steps with no usable group before failing
+      "peak_flops_per_device": 0.0,  # for MFU; 0.0 = measure
+      "logprob_chunk_size": 256,  # sequence positions per logit chunk
+  })
+
+
+def data_config(sampling: ConfigDict) -> ConfigDict:
+  data = ConfigDict({
+      "source": "task:arithmetic",
+      "max_prompt_len": 0,
+      "prompt_overflow": "error",  # error | truncate
+      "chat_template": False,
+      "tfds_data_dir": "",
+      "shuffle_seed": 0,
+  })
+  data.max_prompt_len = sampling.get_ref("max_prompt_len")
+  return data
+
+
+def rewards_config() -> ConfigDict:
+  return ConfigDict({
+      "functions": (),  # import paths "pkg.module:fn"
+      "weights": (),  # one float per function
+  })
+
+
+def checkpoint_config() -> ConfigDict:
+  return ConfigDict({"every": 100, "keep": 2, "async_write": True})
+
+
+def logging_config() -> ConfigDict:
+  return ConfigDict({"tensorboard": True, "jsonl": True})
+
+
+def base_config() -> ConfigDict:
+  """A full config with every sub-tree; GRPO's algorithm axes."""
+  config = ConfigDict()
+  config.seed = 0
+  config.model = model_config()
+  config.mesh = mesh_config()
+  config.sampling = sampling_config()
+  config.algo = algo_config(config.sampling)
+  config.optimizer = optimizer_config()
+  config.train = train_config()
+  config.data = data_config(config.sampling)
+  config.rewards = rewards_config()
+  config.checkpoint = checkpoint_config()
+  config.logging = logging_config()
+  return config
+
+
+def shrink_for_local(config: ConfigDict) -> None:
+  """`runlocal`: small enough to run a few steps on a laptop CPU."""
+  config.sampling.num_samples = 4
+  config.sampling.max_new_tokens = 16
+  config.sampling.max_prompt_len = 32
+  config.sampling.prompt_buckets = (16, 32)
+  config.train.steps = 2
+  config.train.prompts_per_step = 2
+  config.train.micro_batch_size = 8
+  config.train.eval_every = 0
+  config.train.logprob_chunk_size = 8
+  config.checkpoint.every = 0
+
+
+def finalize(config: ConfigDict) -> ConfigDict:
+  """Locks the key set: assigning an unknown key (a typo) raises."""
+  config.lock()
+  return config

@@ -1,0 +1,38 @@
+"""DAPO: clip-higher, token-level loss, dynamic sampling, overlong reward shaping.
+
+Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+arXiv:2503.14476. GRPO advantages; clip range [1 - 0.2, 1 + 0.28]; every token of the
+batch weighs the same (`token_mean`); groups whose rewards are all equal are dropped
+and more prompts sampled; a graded length penalty over the last `cache_len` tokens
+before `max_len` (the paper: 4,096 of 20,480, a fifth); no KL term.
+
+Run:
+  python -m launch.train --config=configs/dapo.py --workdir=/tmp/dapo
+  python -m launch.train --config=configs/dapo.py:runlocal --workdir=/tmp/dapo_local  # CPU
+Hardware: as configs/grpo.py.
+Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+"""
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, runlocal=False)
+  config = common.base_config()
+  algo = config.algo
+  algo.advantage.estimator = "grpo"
+  algo.loss.aggregation = "token_mean"
+  algo.loss.ratio = "token"
+  algo.loss.trust_region = "clip"
+  algo.loss.clip_low = 0.2
+  algo.loss.clip_high = 0.28  # clip-higher: room for low-probability tokens to rise
+  algo.kl.coef = 0.0
+  algo.kl.placement = "none"
+  algo.dynamic_sampling.enabled = True
+  algo.dynamic_sampling.max_rounds = 3
+  algo.overlong.enabled = True
+  # overlong.max_len follows sampling.max_new_tokens (common.algo_config).
+  algo.overlong.cache_len = config.sampling.get_ref("max_new_tokens") // 5
+  algo.overlong.mask_truncated = False  # the paper's final recipe shapes, not filters
+  if arg.runlocal:
+    common.shrink_for_local(config)
+  return common.finalize(config)

@@ -1,0 +1,33 @@
+"""Dr. GRPO: GRPO without its length and difficulty biases.
+
+Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective",
+arXiv:2503.20783. Advantage `R - mean_g` (no std division); the loss sums token
+terms and divides by a constant, `B · max_new_tokens`, instead of by each response's
+length; no KL term.
+
+Run:
+  python -m launch.train --config=configs/dr_grpo.py --workdir=/tmp/dr_grpo
+  python -m launch.train --config=configs/dr_grpo.py:runlocal --workdir=/tmp/dr_grpo_local  # CPU
+Hardware: as configs/grpo.py.
+Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+"""
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, runlocal=False)
+  config = common.base_config()
+  algo = config.algo
+  algo.advantage.estimator = "dr_grpo"
+  algo.loss.aggregation = "seq_mean_token_sum_norm"
+  # Follows sampling.max_new_tokens, also when that is overridden.
+  algo.loss.norm_length = config.sampling.get_ref("max_new_tokens")
+  algo.loss.ratio = "token"
+  algo.loss.trust_region = "clip"
+  algo.loss.clip_low = 0.2
+  algo.loss.clip_high = 0.2
+  algo.kl.coef = 0.0
+  algo.kl.placement = "none"
+  if arg.runlocal:
+    common.shrink_for_local(config)
+  return common.finalize(config)

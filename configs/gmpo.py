@@ -1,0 +1,32 @@
+"""GMPO: geometric mean of a response's token ratios, clipped in log space.
+
+Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673. Per
+response: `-A·exp(mean_t clip(log ρ_t, -0.4, 0.4))`, keeping per token the
+pessimistic of clipped and unclipped for the sign of A; one term per response
+(`seq_mean_token_mean` over a term that is constant along the response is exactly
+the mean over responses); GRPO advantages; no KL.
+
+Run:
+  python -m launch.train --config=configs/gmpo.py --workdir=/tmp/gmpo
+  python -m launch.train --config=configs/gmpo.py:runlocal --workdir=/tmp/gmpo_local  # CPU
+Hardware: as configs/grpo.py.
+Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+"""
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, runlocal=False)
+  config = common.base_config()
+  algo = config.algo
+  algo.advantage.estimator = "grpo"
+  algo.loss.aggregation = "seq_mean_token_mean"  # = mean over responses for gmpo
+  algo.loss.ratio = "token"
+  algo.loss.trust_region = "gmpo"
+  algo.loss.clip_low = 0.4  # log space: ρ >= e^-0.4
+  algo.loss.clip_high = 0.4  # log space: ρ <= e^0.4
+  algo.kl.coef = 0.0
+  algo.kl.placement = "none"
+  if arg.runlocal:
+    common.shrink_for_local(config)
+  return common.finalize(config)

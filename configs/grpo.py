@@ -1,0 +1,35 @@
+"""GRPO: group-normalised outcome advantages, PPO token clip, k3 KL in the loss.
+
+Shao et al. 2024, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
+Language Models", arXiv:2402.03300, §4.1. Advantage `(R - mean_g) / (std_g + eps)`
+per group of G responses, every response weighted equally (`1/L` per response, then
+the group mean), clip 0.2, `β = 0.04` on the k3 estimator of KL(π‖π_ref).
+
+Run:
+  python -m launch.train --config=configs/grpo.py --workdir=/tmp/grpo
+  python -m launch.train --config=configs/grpo.py:runlocal --workdir=/tmp/grpo_local  # CPU
+Hardware: the default tiny model runs on one CPU/GPU/TPU host; set `model.path` and
+`mesh` for a real model.
+Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+"""
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, runlocal=False)
+  config = common.base_config()
+  algo = config.algo
+  algo.advantage.estimator = "grpo"
+  algo.advantage.std_ddof = 0
+  algo.advantage.scale = "group"
+  algo.loss.aggregation = "seq_mean_token_mean"
+  algo.loss.ratio = "token"
+  algo.loss.trust_region = "clip"
+  algo.loss.clip_low = 0.2
+  algo.loss.clip_high = 0.2
+  algo.kl.coef = 0.04
+  algo.kl.estimator = "k3"
+  algo.kl.placement = "loss"
+  if arg.runlocal:
+    common.shrink_for_local(config)
+  return common.finalize(config)

@@ -1,0 +1,22 @@
+"""MaxRL: GRPO with mean-normalised group advantages `(R - mean_g) / mean_g`.
+
+Tajwar et al. 2026, "Maximum Likelihood Reinforcement Learning", arXiv:2602.02710.
+For 0/1 rewards the advantage weights a prompt by 1/pass-rate, moving the objective
+from expected reward toward the log-likelihood of success; a group that never
+succeeds (mean 0) gets zero advantage. Every other axis is GRPO's (configs/grpo.py).
+
+Run:
+  python -m launch.train --config=configs/max_rl.py --workdir=/tmp/max_rl
+  python -m launch.train --config=configs/max_rl.py:runlocal --workdir=/tmp/max_rl_local  # CPU
+Hardware: as configs/grpo.py.
+Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+"""
+from configs import common
+from configs import grpo
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, runlocal=False)
+  config = grpo.get_config("runlocal" if arg.runlocal else None)
+  config.algo.advantage.estimator = "max_rl"
+  return config

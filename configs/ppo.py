@@ -1,0 +1,44 @@
+"""PPO (RLHF form): value model + GAE, token clip, k1 KL charged in the reward.
+
+Schulman et al. 2017, "Proximal Policy Optimization Algorithms", arXiv:1707.06347;
+the LLM form of Ouyang et al. 2022 (InstructGPT), arXiv:2203.02155, with TRL's
+defaults (γ = 1, λ = 0.95, whitened advantages, value clip 0.2, vf_coef 0.1,
+4 PPO epochs per batch). Rewards: the outcome reward on the last token minus
+`β·(logp - ref_logp)` on every token. One response per prompt (no groups needed).
+
+Run:
+  python -m launch.train --config=configs/ppo.py --workdir=/tmp/ppo
+  python -m launch.train --config=configs/ppo.py:runlocal --workdir=/tmp/ppo_local  # CPU
+Hardware: as configs/grpo.py, plus a value model the size of the policy backbone.
+Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+"""
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, runlocal=False)
+  config = common.base_config()
+  config.sampling.num_samples = 1
+  config.train.prompts_per_step = 128  # same B = P·G as the group presets
+  algo = config.algo
+  algo.advantage.estimator = "gae"
+  algo.advantage.gamma = 1.0
+  algo.advantage.lam = 0.95
+  algo.advantage.whiten = True
+  algo.loss.aggregation = "token_mean"
+  algo.loss.ratio = "token"
+  algo.loss.trust_region = "clip"
+  algo.loss.clip_low = 0.2
+  algo.loss.clip_high = 0.2
+  algo.value.coef = 0.1
+  algo.value.value_clip = 0.2
+  algo.kl.coef = 0.05
+  algo.kl.estimator = "k1"
+  algo.kl.placement = "reward"
+  algo.num_iterations = 4
+  if arg.runlocal:
+    common.shrink_for_local(config)
+    config.sampling.num_samples = 1
+    config.train.prompts_per_step = 8
+    config.algo.num_iterations = 2
+  return common.finalize(config)

@@ -1,0 +1,34 @@
+"""REINFORCE++: token-level returns with KL in the reward, batch-normalised, clipped.
+
+Hu et al. 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large
+Language Models", arXiv:2501.03262. Token rewards are the outcome on the last token
+minus `β·(logp - ref_logp)` on every token; returns `G_t = Σ_{k≥t} γ^{k-t} r_k` are
+normalised over all valid tokens of the batch (no per-prompt baseline, no critic);
+PPO token clip 0.2, token-mean loss.
+
+Run:
+  python -m launch.train --config=configs/reinforce_pp.py --workdir=/tmp/reinforce_pp
+  python -m launch.train --config=configs/reinforce_pp.py:runlocal --workdir=/tmp/rpp_local
+Hardware: as configs/grpo.py.
+Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+"""
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, runlocal=False)
+  config = common.base_config()
+  algo = config.algo
+  algo.advantage.estimator = "reinforce_pp"
+  algo.advantage.gamma = 1.0
+  algo.loss.aggregation = "token_mean"
+  algo.loss.ratio = "token"
+  algo.loss.trust_region = "clip"
+  algo.loss.clip_low = 0.2
+  algo.loss.clip_high = 0.2
+  algo.kl.coef = 0.01  # OpenRLHF's REINFORCE++ examples
+  algo.kl.estimator = "k1"
+  algo.kl.placement = "reward"
+  if arg.runlocal:
+    common.shrink_for_local(config)
+  return common.finalize(config)

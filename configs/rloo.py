@@ -1,0 +1,33 @@
+"""RLOO: leave-one-out baseline, one on-policy REINFORCE step, KL in the reward.
+
+Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
+Learning from Human Feedback in LLMs", arXiv:2402.14740 (after Kool et al. 2019).
+Advantage `R_i - mean_{j≠i} R_j`, where the response reward already carries
+`-β·Σ_t (logp - ref_logp)`; loss `-A·logp` summed over a response's tokens, mean over
+responses; no ratio and no clip, since each batch is used for one step.
+
+Run:
+  python -m launch.train --config=configs/rloo.py --workdir=/tmp/rloo
+  python -m launch.train --config=configs/rloo.py:runlocal --workdir=/tmp/rloo_local  # CPU
+Hardware: as configs/grpo.py.
+Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+"""
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, runlocal=False)
+  config = common.base_config()
+  algo = config.algo
+  algo.advantage.estimator = "rloo"
+  algo.loss.aggregation = "seq_mean_token_sum"
+  algo.loss.ratio = "none"
+  algo.loss.trust_region = "none"
+  algo.kl.coef = 0.05
+  algo.kl.estimator = "k1"
+  algo.kl.placement = "reward"
+  algo.num_iterations = 1  # on-policy: the surrogate has no importance ratio
+  algo.num_minibatches = 1
+  if arg.runlocal:
+    common.shrink_for_local(config)
+  return common.finalize(config)

@@ -1,0 +1,31 @@
+"""SAPO: a smooth sigmoid gate on the ratio instead of a hard clip.
+
+Gao et al. 2025 (Qwen), "Soft Adaptive Policy Optimization", arXiv:2511.20347. Loss
+`-f(ρ)·A` with `f(ρ) = σ(τ(ρ - 1))·4/τ`: the gradient weight is 1 at ρ = 1 and decays
+smoothly as ρ moves away, faster for negative advantages (`tau_neg = 1.05 >
+tau_pos = 1.0`); GRPO advantages, `1/L` per response; no KL.
+
+Run:
+  python -m launch.train --config=configs/sapo.py --workdir=/tmp/sapo
+  python -m launch.train --config=configs/sapo.py:runlocal --workdir=/tmp/sapo_local  # CPU
+Hardware: as configs/grpo.py.
+Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+"""
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, runlocal=False)
+  config = common.base_config()
+  algo = config.algo
+  algo.advantage.estimator = "grpo"
+  algo.loss.aggregation = "seq_mean_token_mean"
+  algo.loss.ratio = "token"
+  algo.loss.trust_region = "sapo"
+  algo.loss.tau_pos = 1.0
+  algo.loss.tau_neg = 1.05
+  algo.kl.coef = 0.0
+  algo.kl.placement = "none"
+  if arg.runlocal:
+    common.shrink_for_local(config)
+  return common.finalize(config)

@@ -1,0 +1,30 @@
+"""SFT as a policy loss: advantage 1 on every target token, no ratio, token mean.
+
+The loss is `-Σ_{b,t} mask·logp / Σ_b L_b`, the mean negative log-likelihood of the
+target tokens (the mask covers the targets, never the prompt), so the same trainer
+and update step fine-tune on demonstrations. No reference, no KL, no sampling groups.
+
+Run:
+  python -m launch.train --config=configs/sft.py --workdir=/tmp/sft
+  python -m launch.train --config=configs/sft.py:runlocal --workdir=/tmp/sft_local  # CPU
+Hardware: as configs/grpo.py.
+Expected result: not measured yet (TODO(trainer issue): record loss after `steps`).
+"""
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, runlocal=False)
+  config = common.base_config()
+  config.sampling.num_samples = 1  # one target per prompt
+  algo = config.algo
+  algo.advantage.estimator = "constant"
+  algo.loss.aggregation = "token_mean"
+  algo.loss.ratio = "none"
+  algo.loss.trust_region = "none"
+  algo.kl.coef = 0.0
+  algo.kl.placement = "none"
+  if arg.runlocal:
+    common.shrink_for_local(config)
+    config.sampling.num_samples = 1
+  return common.finalize(config)

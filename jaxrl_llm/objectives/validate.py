@@ -1,0 +1,122 @@
+"""Checks a `config.algo` tree before training, with errors that say how to fix it.
+
+`validate_algo` collects every problem it finds and raises one `ValueError` listing
+them all; it also resolves user functions named by import path, so a typo fails at
+start-up rather than at the first trace.
+"""
+from __future__ import annotations
+
+from jaxrl_llm import import_path
+from jaxrl_llm.objectives import advantages
+from jaxrl_llm.objectives import aggregation
+from jaxrl_llm.objectives import kl
+from jaxrl_llm.objectives import losses
+
+KL_PLACEMENTS = ("loss", "reward", "none")
+OLD_LOGP_SOURCES = ("sampler", "recompute")
+
+
+def _one_of(errors: list[str], field: str, value, valid) -> None:
+  if value not in valid:
+    errors.append(f"{field} = {value!r} is unknown; valid: {list(valid)}.")
+
+
+def _resolves(errors: list[str], field: str, spec: str) -> None:
+  try:
+    import_path.load_function(spec)
+  except Exception as e:  # noqa: BLE001 -- reported, not swallowed
+    errors.append(f"{field} = {spec!r} does not resolve: {type(e).__name__}: {e}")
+
+
+def _check_advantage(cfg, num_samples: int | None, errors: list[str]) -> None:
+  adv = cfg.advantage
+  if adv.fn:
+    _resolves(errors, "algo.advantage.fn", adv.fn)
+  else:
+    _one_of(errors, "algo.advantage.estimator", adv.estimator, advantages.ESTIMATORS)
+  _one_of(errors, "algo.advantage.scale", adv.scale, advantages.SCALES)
+  if adv.std_ddof not in (0, 1):
+    errors.append(f"algo.advantage.std_ddof = {adv.std_ddof!r} must be 0 or 1.")
+  if adv.eps < 0:
+    errors.append(f"algo.advantage.eps = {adv.eps} must be >= 0.")
+  for name in ("gamma", "lam"):
+    if not 0.0 <= adv[name] <= 1.0:
+      errors.append(f"algo.advantage.{name} = {adv[name]} must be in [0, 1].")
+  if (not adv.fn and adv.estimator in advantages.GROUP_ESTIMATORS
+      and num_samples is not None and num_samples < 2):
+    errors.append(f"algo.advantage.estimator = {adv.estimator!r} is a group estimator "
+                  f"and needs G = sampling.num_samples >= 2, got {num_samples}.")
+  if not adv.fn and adv.estimator == "gae" and cfg.value.coef <= 0:
+    errors.append("algo.advantage.estimator = 'gae' trains a value model: "
+                  f"algo.value.coef must be > 0, got {cfg.value.coef}.")
+
+
+def _check_loss(cfg, errors: list[str]) -> None:
+  loss = cfg.loss
+  _one_of(errors, "algo.loss.ratio", loss.ratio, losses.RATIOS)
+  _one_of(errors, "algo.loss.trust_region", loss.trust_region, losses.TRUST_REGIONS)
+  if loss.reducer:
+    _resolves(errors, "algo.loss.reducer", loss.reducer)
+  else:
+    _one_of(errors, "algo.loss.aggregation", loss.aggregation, aggregation.AGGREGATIONS)
+  if (not loss.reducer and loss.aggregation == "seq_mean_token_sum_norm"
+      and not (loss.norm_length and loss.norm_length > 0)):
+    errors.append("algo.loss.aggregation = 'seq_mean_token_sum_norm' needs "
+                  f"algo.loss.norm_length > 0 (e.g. max_new_tokens), got {loss.norm_length!r}.")
+  tr = loss.trust_region
+  if loss.ratio == "none" and tr != "none":
+    errors.append(f"algo.loss.ratio = 'none' has no ratio to clip: trust_region must be "
+                  f"'none', got {tr!r}.")
+  if tr == "clip" and not 0.0 < loss.clip_low < 1.0:
+    errors.append(f"algo.loss.clip_low = {loss.clip_low} must be in (0, 1) for 'clip' "
+                  "(the ratio is clipped at 1 - clip_low).")
+  if tr in ("clip", "cispo", "gmpo") and not loss.clip_high > 0.0:
+    errors.append(f"algo.loss.clip_high = {loss.clip_high} must be > 0 for {tr!r}.")
+  if tr in ("cispo", "gmpo") and not loss.clip_low > 0.0:
+    errors.append(f"algo.loss.clip_low = {loss.clip_low} must be > 0 for {tr!r} "
+                  "(cispo: >= 1 means no lower bound; gmpo: a log-space bound).")
+  if tr == "gmpo" and loss.ratio != "token":
+    errors.append(f"algo.loss.trust_region = 'gmpo' clips token log-ratios: ratio must be "
+                  f"'token', got {loss.ratio!r}.")
+  if loss.dual_clip != 0 and not loss.dual_clip > 1.0:
+    errors.append(f"algo.loss.dual_clip = {loss.dual_clip} must be 0 (off) or > 1.")
+  if tr == "sapo" and not (loss.tau_pos > 0 and loss.tau_neg > 0):
+    errors.append(f"algo.loss.tau_pos / tau_neg = {loss.tau_pos} / {loss.tau_neg} must be > 0.")
+
+
+def _check_rest(cfg, errors: list[str]) -> None:
+  _one_of(errors, "algo.kl.estimator", cfg.kl.estimator, kl.KL_ESTIMATORS)
+  _one_of(errors, "algo.kl.placement", cfg.kl.placement, KL_PLACEMENTS)
+  if cfg.kl.coef < 0:
+    errors.append(f"algo.kl.coef = {cfg.kl.coef} must be >= 0.")
+  if cfg.value.value_clip < 0:
+    errors.append(f"algo.value.value_clip = {cfg.value.value_clip} must be >= 0 (0 = off).")
+  for name in ("num_iterations", "num_minibatches"):
+    if cfg[name] < 1:
+      errors.append(f"algo.{name} = {cfg[name]} must be >= 1.")
+  _one_of(errors, "algo.old_logp", cfg.old_logp, OLD_LOGP_SOURCES)
+  if cfg.tis_cap < 0:
+    errors.append(f"algo.tis_cap = {cfg.tis_cap} must be >= 0 (0 = off).")
+  if cfg.dynamic_sampling.enabled and cfg.dynamic_sampling.max_rounds < 1:
+    errors.append(f"algo.dynamic_sampling.max_rounds = {cfg.dynamic_sampling.max_rounds} "
+                  "must be >= 1.")
+  ol = cfg.overlong
+  if ol.enabled and not 0 <= ol.cache_len < ol.max_len:
+    errors.append(f"algo.overlong: need 0 <= cache_len < max_len, got cache_len = "
+                  f"{ol.cache_len}, max_len = {ol.max_len}.")
+
+
+def validate_algo(cfg, num_samples: int | None = None) -> None:
+  """Raises `ValueError` listing every problem in `config.algo`.
+
+  Args:
+    cfg: `config.algo`.
+    num_samples: G, responses per prompt (`config.sampling.num_samples`); group
+      estimators need G >= 2. `None` skips that check.
+  """
+  errors: list[str] = []
+  _check_advantage(cfg, num_samples, errors)
+  _check_loss(cfg, errors)
+  _check_rest(cfg, errors)
+  if errors:
+    raise ValueError("Invalid config.algo:\n  " + "\n  ".join(errors))

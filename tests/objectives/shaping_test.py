@@ -1,0 +1,62 @@
+"""DAPO extras and the truncated importance weight."""
+import math
+
+from absl.testing import absltest
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from configs import common
+from jaxrl_llm import objectives
+
+
+class ShapingTest(absltest.TestCase):
+
+  def test_overlong_penalty(self):
+    # L_max = 20, L_cache = 5: safe up to 15. |y| = 10, 15 -> 0; 17 -> (15 - 17)/5 = -0.4;
+    # 20 -> (15 - 20)/5 = -1; 21 -> -1 (beyond L_max).
+    got = objectives.overlong_penalty(jnp.array([10, 15, 17, 20, 21]), 20, 5)
+    np.testing.assert_allclose(got, [0.0, 0.0, -0.4, -1.0, -1.0], atol=1e-6)
+    # No graded zone: only past L_max.
+    np.testing.assert_allclose(objectives.overlong_penalty(jnp.array([20, 21]), 20, 0), [0, -1])
+
+  def test_overlong_shaped_rewards(self):
+    cfg = ml_collections.ConfigDict({"enabled": True, "max_len": 20, "cache_len": 5})
+    rewards = jnp.array([1.0, 1.0])
+    np.testing.assert_allclose(
+        objectives.overlong_shaped_rewards(rewards, jnp.array([10, 17]), cfg), [1.0, 0.6])
+    cfg.enabled = False
+    np.testing.assert_allclose(
+        objectives.overlong_shaped_rewards(rewards, jnp.array([10, 17]), cfg), [1.0, 1.0])
+
+  def test_drop_truncated(self):
+    mask = jnp.ones((2, 3))
+    np.testing.assert_array_equal(
+        objectives.drop_truncated(mask, jnp.array([True, False])), [[0, 0, 0], [1, 1, 1]])
+
+  def test_dynamic_sampling_keep(self):
+    rewards = jnp.array([[1.0, 0, 1], [0.3, 0.3, 0.3], [0, 0, 0], [0, 0, 0.5]])
+    np.testing.assert_array_equal(objectives.dynamic_sampling_keep(rewards),
+                                  [True, False, False, True])
+
+  def test_truncated_importance_weight(self):
+    # exp(0.5) = 1.6487 capped at 1.5; exp(-0.5) = 0.606531 kept.
+    w = objectives.truncated_importance_weight(jnp.array([[0.0, -1.0]]),
+                                               jnp.array([[-0.5, -0.5]]), 1.5)
+    np.testing.assert_allclose(w, [[1.5, math.exp(-0.5)]], rtol=1e-6)
+
+  def test_importance_weight_on_advantages_weights_each_token_loss(self):
+    # Clip 0.2, token_mean, A = [1, -1], ρ = [1.5, 0.9], weights w = [0.5, 2]:
+    # token losses -min(1.5, 1.2) = -1.2 and -min(-0.9, -0.9) = 0.9;
+    # weighted mean (0.5·-1.2 + 2·0.9)/2 = 0.6.
+    cfg = common.algo_config(common.sampling_config())
+    cfg.kl.coef, cfg.loss.aggregation = 0.0, "token_mean"
+    logp = jnp.array([[-1.0, -1.0]])
+    old = logp - jnp.log(jnp.array([[1.5, 0.9]]))
+    adv = jnp.array([[1.0, -1.0]]) * jnp.array([[0.5, 2.0]])
+    loss, _ = objectives.policy_loss(logp, old, adv, jnp.ones((1, 2)), cfg)
+    np.testing.assert_allclose(loss, 0.6, atol=1e-6)
+
+
+if __name__ == "__main__":
+  absltest.main()

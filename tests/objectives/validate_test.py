@@ -1,0 +1,102 @@
+"""validate_algo: every check fails with a message that says how to fix it."""
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from configs import common
+from jaxrl_llm import objectives
+
+
+def grpo_algo():
+  return common.algo_config(common.sampling_config())
+
+
+class ValidateAlgoTest(parameterized.TestCase):
+
+  def test_default_is_valid(self):
+    objectives.validate_algo(grpo_algo(), num_samples=8)
+
+  @parameterized.named_parameters(
+      ("estimator", "advantage.estimator", "grpoo",
+       r"estimator = 'grpoo' is unknown; valid: \[.*'grpo'.*'rloo'.*'gae'"),
+      ("aggregation", "loss.aggregation", "mean",
+       r"aggregation = 'mean' is unknown; valid: \[.*'token_mean'.*'seq_mean_token_sum_norm'"),
+      ("ratio", "loss.ratio", "seq", r"ratio = 'seq' is unknown"),
+      ("trust_region", "loss.trust_region", "trpo", r"trust_region = 'trpo' is unknown"),
+      ("clip_low_high", "loss.clip_low", 1.5, r"clip_low = 1.5 must be in \(0, 1\)"),
+      ("clip_low_zero", "loss.clip_low", 0.0, r"clip_low = 0.0 must be in \(0, 1\)"),
+      ("clip_high", "loss.clip_high", -0.1, r"clip_high = -0.1 must be > 0"),
+      ("dual_clip", "loss.dual_clip", 0.5, r"dual_clip = 0.5 must be 0 \(off\) or > 1"),
+      ("kl_estimator", "kl.estimator", "k4", r"kl.estimator = 'k4' is unknown"),
+      ("kl_placement", "kl.placement", "both", r"placement = 'both' is unknown"),
+      ("scale", "advantage.scale", "prompt", r"scale = 'prompt' is unknown"),
+      ("gamma", "advantage.gamma", 1.5, r"gamma = 1.5 must be in \[0, 1\]"),
+      ("old_logp", "old_logp", "cache", r"old_logp = 'cache' is unknown"),
+      ("iterations", "num_iterations", 0, r"num_iterations = 0 must be >= 1"),
+  )
+  def test_bad_field(self, field, value, pattern):
+    cfg = grpo_algo()
+    *parents, leaf = field.split(".")
+    node = cfg
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+    with self.assertRaisesRegex(ValueError, pattern):
+      objectives.validate_algo(cfg, num_samples=8)
+
+  def test_group_estimator_needs_two_samples(self):
+    for estimator in ("grpo", "rloo", "dr_grpo", "max_rl", "reinforce_pp_baseline"):
+      cfg = grpo_algo()
+      cfg.advantage.estimator = estimator
+      with self.assertRaisesRegex(ValueError, "needs G = sampling.num_samples >= 2, got 1"):
+        objectives.validate_algo(cfg, num_samples=1)
+    cfg.advantage.estimator = "reinforce_pp"  # not a group estimator
+    objectives.validate_algo(cfg, num_samples=1)
+
+  def test_norm_length_missing(self):
+    cfg = grpo_algo()
+    cfg.loss.aggregation = "seq_mean_token_sum_norm"
+    with self.assertRaisesRegex(ValueError, "needs algo.loss.norm_length > 0"):
+      objectives.validate_algo(cfg)
+    cfg.loss.norm_length = 1024
+    objectives.validate_algo(cfg)
+
+  def test_combinations(self):
+    cfg = grpo_algo()
+    cfg.loss.ratio = "none"
+    with self.assertRaisesRegex(ValueError, "trust_region must be 'none'"):
+      objectives.validate_algo(cfg)
+    cfg = grpo_algo()
+    cfg.loss.trust_region, cfg.loss.ratio = "gmpo", "sequence"
+    with self.assertRaisesRegex(ValueError, "ratio must be 'token'"):
+      objectives.validate_algo(cfg)
+    cfg = grpo_algo()
+    cfg.advantage.estimator = "gae"
+    with self.assertRaisesRegex(ValueError, "value.coef must be > 0"):
+      objectives.validate_algo(cfg)
+    cfg = grpo_algo()
+    cfg.loss.trust_region, cfg.loss.clip_low = "cispo", 5.0  # >= 1: no lower bound; fine
+    objectives.validate_algo(cfg)
+
+  def test_user_functions_must_resolve(self):
+    cfg = grpo_algo()
+    cfg.advantage.fn = "no_such_module_xyz:fn"
+    cfg.loss.reducer = "/no/such/file.py:fn"
+    with self.assertRaises(ValueError) as ctx:
+      objectives.validate_algo(cfg)
+    self.assertIn("algo.advantage.fn = 'no_such_module_xyz:fn' does not resolve", str(ctx.exception))
+    self.assertIn("algo.loss.reducer = '/no/such/file.py:fn' does not resolve", str(ctx.exception))
+
+  def test_lists_every_problem(self):
+    cfg = grpo_algo()
+    cfg.advantage.estimator = "x"
+    cfg.loss.clip_high = -1.0
+    cfg.kl.coef = -1.0
+    with self.assertRaises(ValueError) as ctx:
+      objectives.validate_algo(cfg)
+    message = str(ctx.exception)
+    for part in ("estimator = 'x'", "clip_high = -1.0", "kl.coef = -1.0"):
+      self.assertIn(part, message)
+
+
+if __name__ == "__main__":
+  absltest.main()
