@@ -8,7 +8,8 @@
     tok = data.tokenize_prompts(tokenizer, batch.prompts, config.data,
                                 config.sampling.prompt_buckets, indices=batch.indices)
     # tok.tokens / tok.mask: int32 [b, S]; tok.token_lists for the sampler;
-    # batch.fields(): the reward functions' keyword arguments; store batch.position + 1.
+    # batch.fields(repeat=G): the reward functions' keyword arguments, aligned with
+    # the G completions per prompt; a checkpoint stores batch.position + 1.
 
 Modules: `sources` (`task:` / `jsonl:` / `tfds:` -> dataset), `jsonl`,
 `tfds_source`, `batching` (order, resumption, per-process slices), `prompts`

@@ -39,10 +39,18 @@ class RecordBatch:
   def prompts(self) -> list[str]:
     return [r["prompt"] for r in self.records]
 
-  def fields(self) -> dict[str, list]:
-    """The columns other than `prompt`, aligned with `prompts` (None where absent)."""
+  def fields(self, repeat: int = 1) -> dict[str, list]:
+    """The columns other than `prompt` (None where a record lacks one).
+
+    Args:
+      repeat: G, the samples per prompt: each value repeats G times in a row,
+        aligning with completions in prompt-major order ([P, G] flattened).
+
+    Returns:
+      {field: list of b * repeat values}, the reward functions' keyword arguments.
+    """
     keys = dict.fromkeys(k for r in self.records for k in r if k != "prompt")
-    return {k: [r.get(k) for r in self.records] for k in keys}
+    return {k: [r.get(k) for r in self.records for _ in range(repeat)] for k in keys}
 
 
 @functools.lru_cache(maxsize=4)

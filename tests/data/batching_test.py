@@ -99,6 +99,7 @@ class PromptBatchesTest(parameterized.TestCase):
                                       {"prompt": "b", "numbers": [2]}],
                              valid=np.ones(2, bool))
     self.assertEqual(batch.fields(), {"answer": [1, None], "numbers": [None, [2]]})
+    self.assertEqual(batch.fields(repeat=3)["answer"], [1, 1, 1, None, None, None])
 
   @parameterized.parameters(
       dict(batch_size=0, message="batch_size must be >= 1"),

@@ -3,6 +3,8 @@
 TFDS needs a builder to live in an importable package module, not a test
 script, so it sits here. `build(data_dir)` prepares it in `array_record` format.
 """
+import tempfile
+
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -59,5 +61,10 @@ class JaxrlLlmNoPrompt(tfds.core.GeneratorBasedBuilder):
 
 def build(data_dir: str) -> None:
   """Prepares both datasets under `data_dir`."""
-  for builder_cls in (JaxrlLlmTinyPrompts, JaxrlLlmNoPrompt):
-    builder_cls(data_dir=data_dir, file_format="array_record").download_and_prepare()
+  # TFDS makes (and leaves) an empty scratch directory per builder; keep it in data_dir.
+  saved, tempfile.tempdir = tempfile.tempdir, data_dir
+  try:
+    for builder_cls in (JaxrlLlmTinyPrompts, JaxrlLlmNoPrompt):
+      builder_cls(data_dir=data_dir, file_format="array_record").download_and_prepare()
+  finally:
+    tempfile.tempdir = saved
