@@ -62,14 +62,14 @@ class ShardedModelTest(absltest.TestCase):
     cls.mesh = sh.make_mesh(MESH_222)
 
   def _assert_sharded(self, model):
-    q = model.params["layers"]["attn"]["q_proj"]["kernel"]  # [L, D, H, Dh]
-    self.assertEqual(q.sharding, NamedSharding(self.mesh, P(None, "fsdp", "tensor", None)))
-    self.assertEqual(q.addressable_shards[0].data.shape, (3, 32, 2, 16))
+    q = model.params["layers_1"]["attn"]["q_proj"]["kernel"]  # [D, H, Dh]
+    self.assertEqual(q.sharding, NamedSharding(self.mesh, P("fsdp", "tensor", None)))
+    self.assertEqual(q.addressable_shards[0].data.shape, (32, 2, 16))
     embed = model.params["embed"]  # [V, D]
     self.assertEqual(embed.sharding.spec, P("tensor", "fsdp"))
     self.assertEqual(embed.addressable_shards[0].data.shape, (64, 32))
-    down = model.params["layers"]["mlp"]["down_proj"]["kernel"]  # [L, F, D]
-    self.assertEqual(down.sharding.spec, P(None, "tensor", "fsdp"))
+    down = model.params["layers_2"]["mlp"]["down_proj"]["kernel"]  # [F, D]
+    self.assertEqual(down.sharding.spec, P("tensor", "fsdp"))
 
   def test_loaded_parameters_are_sharded_and_forward_matches(self):
     plain = models.from_pretrained(self.path)

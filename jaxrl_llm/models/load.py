@@ -145,8 +145,12 @@ def read_config(path: str) -> dict[str, Any]:
     return json.load(f)
 
 
+def layer_name(i: int) -> str:
+  return f"layers_{i}"
+
+
 def param_shapes(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
-  """Our parameter shapes keyed by tree path (layer params with their leading L axis)."""
+  """Our parameter shapes keyed by tree path."""
   D, F, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
   H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   per_layer = {
@@ -160,7 +164,7 @@ def param_shapes(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
       ("mlp", "down_proj", "kernel"): (F, D), ("mlp", "gate_proj", "bias"): (F,),
       ("mlp", "up_proj", "bias"): (F,), ("mlp", "down_proj", "bias"): (D,),
   }
-  shapes = {("layers",) + p: (L,) + per_layer[p] for p, _, _ in _layer_entries(cfg)}
+  shapes = {(layer_name(i),) + p: per_layer[p] for i in range(L) for p, _, _ in _layer_entries(cfg)}
   shapes[("embed",)] = (V, D)
   shapes[("final_norm", "scale")] = (D,)
   if not cfg.tie_word_embeddings:
@@ -204,10 +208,10 @@ def load_params(path: str, cfg: ModelConfig) -> dict[str, Any]:
   params: dict[str, Any] = {}
   for ours, hf, n_in in _top_entries(cfg):
     _set(params, ours, read(hf, shapes[ours], n_in))
-  for ours, hf, n_in in _layer_entries(cfg):
-    shape = shapes[("layers",) + ours]
-    stacked = np.stack([read(f"model.layers.{i}.{hf}", shape[1:], n_in) for i in range(cfg.num_layers)])
-    _set(params, ("layers",) + ours, stacked)
+  for i in range(cfg.num_layers):
+    for ours, hf, n_in in _layer_entries(cfg):
+      path = (layer_name(i),) + ours
+      _set(params, path, read(f"model.layers.{i}.{hf}", shapes[path], n_in))
   extra = sorted(n for n in st.names() - used if not n.endswith(_IGNORED_SUFFIXES)
                  and not (cfg.tie_word_embeddings and n == "lm_head.weight"))
   if extra:
@@ -221,10 +225,10 @@ def hf_tensors(params: dict[str, Any], cfg: ModelConfig) -> Iterator[tuple[str, 
   """Yields (HF name, host array) for every parameter, in HF layout."""
   for ours, hf, n_in in _top_entries(cfg):
     yield hf, np.ascontiguousarray(_to_hf(np.asarray(_get(params, ours)), n_in))
-  for ours, hf, n_in in _layer_entries(cfg):
-    stacked = np.asarray(_get(params, ("layers",) + ours))
-    for i in range(cfg.num_layers):
-      yield f"model.layers.{i}.{hf}", np.ascontiguousarray(_to_hf(stacked[i], n_in))
+  for i in range(cfg.num_layers):
+    for ours, hf, n_in in _layer_entries(cfg):
+      x = np.asarray(_get(params, (layer_name(i),) + ours))
+      yield f"model.layers.{i}.{hf}", np.ascontiguousarray(_to_hf(x, n_in))
 
 
 def save_params(tensors: Iterator[tuple[str, np.ndarray]], path: str,

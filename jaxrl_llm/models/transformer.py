@@ -1,10 +1,12 @@
 """The decoder: Embed -> L x Block(RMSNorm, Attention, RMSNorm, Mlp) -> RMSNorm -> head.
 
-One Flax module covers Llama 3, Qwen2 and Qwen3 (see `ModelConfig`). Layers are one
-`nn.scan` over a stacked block, so compile time does not grow with depth and every layer
-parameter has a leading `layers` axis. Attention always reads keys from a buffer of length
-S: the current tokens themselves (S == T, no cache) or a preallocated KV cache, written at
-`cache_index`. A query at slot i sees key slot j iff j <= i and `kv_mask[b, j]`, so
+One Flax module covers Llama 3, Qwen2 and Qwen3 (see `ModelConfig`). Layers are a Python
+loop over separate blocks (`layers_0`, `layers_1`, ...), each with its own KV-cache buffer:
+a decode step then updates every buffer in place and reads it where it lies. (A scan over
+stacked layers copies each layer's cache slice in and out on every step, which made
+decoding 3x slower on CPU.) Attention always reads keys from a buffer of length
+S: the current tokens themselves (S == T, no cache) or a preallocated KV cache [B, K, S, Dh],
+written at `cache_index`. A query at slot i sees key slot j iff j <= i and `kv_mask[b, j]`, so
 left-padded prompts give the same values for their real tokens as unpadded ones.
 """
 from __future__ import annotations
@@ -22,6 +24,8 @@ from jaxrl_llm.models import value_head
 from jaxrl_llm.models.config import ModelConfig
 
 _init = nn.initializers.normal(stddev=0.02)
+# Finite, so a row whose keys are all masked (a padding query) gives uniform weights, not NaN.
+_MASKED = -0.7 * float(np.finfo(np.float32).max)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
@@ -124,21 +128,30 @@ class Attention(nn.Module):
     q_BTHd = apply_rope(q_BTHd, positions_BT, inv_freq)
     k_BTKd = apply_rope(k_BTKd, positions_BT, inv_freq)
 
-    T = x_BTD.shape[1]
+    B, T = x_BTD.shape[:2]
+    k_BKTd, v_BKTd = k_BTKd.transpose(0, 2, 1, 3), v_BTKd.transpose(0, 2, 1, 3)
     if cache is None:
-      k_BSKd, v_BSKd, new_cache = k_BTKd, v_BTKd, None
-    else:  # write this step's keys/values at [cache_index, cache_index + T)
-      start = (0, cache_index, 0, 0)
-      k_BSKd = jax.lax.dynamic_update_slice(cache["k"], k_BTKd.astype(cache["k"].dtype), start)
-      v_BSKd = jax.lax.dynamic_update_slice(cache["v"], v_BTKd.astype(cache["v"].dtype), start)
-      new_cache = {"k": k_BSKd, "v": v_BSKd}
-    S = k_BSKd.shape[1]
+      k_BKSd, v_BKSd, new_cache = k_BKTd, v_BKTd, None
+    else:  # write this step's keys/values at slots [cache_index, cache_index + T), in place
+      start = (0, 0, cache_index, 0)
+      k_BKSd = jax.lax.dynamic_update_slice(cache["k"], k_BKTd.astype(cache["k"].dtype), start)
+      v_BKSd = jax.lax.dynamic_update_slice(cache["v"], v_BKTd.astype(cache["v"].dtype), start)
+      new_cache = {"k": k_BKSd, "v": v_BKSd}
+    S = k_BKSd.shape[2]
     q_slot_T = cache_index + jnp.arange(T)
     causal_TS = jnp.arange(S)[None, :] <= q_slot_T[:, None]
-    mask_B1TS = (causal_TS[None, :, :] & kv_mask_BS[:, None, :].astype(bool))[:, None]
-    # softmax in float32 inside dot_product_attention; K kv heads serve H // K query heads.
-    out_BTHd = jax.nn.dot_product_attention(q_BTHd, k_BSKd.astype(dt), v_BSKd.astype(dt),
-                                            mask=mask_B1TS, scale=Dh ** -0.5)
+    mask_BTS = causal_TS[None, :, :] & kv_mask_BS[:, None, :].astype(bool)
+
+    # GQA: each of the K kv heads serves G = H // K query heads. Keys stay [B, K, S, Dh]
+    # (the cache layout), so both products are plain batched matmuls over (B, K).
+    G = H // K
+    q_BKGTd = q_BTHd.reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4)
+    scores_BKGTS = jnp.einsum("BKGTd,BKSd->BKGTS", q_BKGTd, k_BKSd.astype(dt),
+                              preferred_element_type=jnp.float32) * Dh ** -0.5
+    scores_BKGTS = jnp.where(mask_BTS[:, None, None], scores_BKGTS, _MASKED)
+    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(dt)  # softmax in float32
+    out_BKGTd = jnp.einsum("BKGTS,BKSd->BKGTd", probs_BKGTS, v_BKSd.astype(dt))
+    out_BTHd = out_BKGTd.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
     out_BTHd = sh.constrain(out_BTHd, (sh.BATCH, sh.SEQ, sh.HEADS, sh.HEAD_DIM), self.mesh, self.rules)
     o_bias = (sh.EMBED,) if cfg.o_bias else None
     out_BTD = Linear("BTHd,HdD->BTD", (H, Dh, D), (sh.HEADS, sh.HEAD_DIM, sh.EMBED), o_bias, dt, pdt,
@@ -169,7 +182,7 @@ class Block(nn.Module):
   rules: Any = None
 
   @nn.compact
-  def __call__(self, x_BTD, cache, positions_BT, kv_mask_BS, cache_index):
+  def __call__(self, x_BTD, positions_BT, kv_mask_BS, cache, cache_index):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
     attn_BTD, cache = Attention(cfg, self.mesh, self.rules, name="attn")(
@@ -194,12 +207,8 @@ class Transformer(nn.Module):
     cfg = self.cfg
     self.embed = self.param("embed", nn.with_logical_partitioning(_init, (sh.VOCAB, sh.EMBED)),
                             (cfg.vocab_size, cfg.hidden_size), cfg.jnp_param_dtype)
-    block = nn.remat(Block, prevent_cse=False) if cfg.remat else Block
-    self.layers = nn.scan(
-        block, variable_axes={"params": 0}, split_rngs={"params": True},
-        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
-        metadata_params={nn.PARTITION_NAME: sh.LAYERS},
-    )(cfg, self.mesh, self.rules)
+    block = nn.remat(Block) if cfg.remat else Block
+    self.layers = [block(cfg, self.mesh, self.rules) for _ in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype)
     if cfg.head == "value":
       self.value_head = value_head.ValueHead(cfg.jnp_dtype, cfg.jnp_param_dtype)
@@ -211,11 +220,16 @@ class Transformer(nn.Module):
                return_hidden=False):
     x_BTD = jnp.take(self.embed, tokens_BT, axis=0).astype(self.cfg.jnp_dtype)
     x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
-    x_BTD, cache = self.layers(x_BTD, cache, positions_BT, kv_mask_BS, cache_index)
+    new_cache = []
+    for i, layer in enumerate(self.layers):
+      x_BTD, layer_cache = layer(x_BTD, positions_BT, kv_mask_BS,
+                                 None if cache is None else cache[i], cache_index)
+      new_cache.append(layer_cache)
     x_BTD = self.final_norm(x_BTD)
+    new_cache = None if cache is None else tuple(new_cache)
     if return_hidden:
-      return x_BTD, cache
-    return self.unembed(x_BTD), cache
+      return x_BTD, new_cache
+    return self.unembed(x_BTD), new_cache
 
   def unembed(self, x_BTD):
     """Final hidden states -> float32 logits [B, T, V] (or values [B, T] for the value head)."""

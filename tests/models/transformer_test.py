@@ -140,8 +140,8 @@ class ValueModelTest(absltest.TestCase):
     policy = models.from_pretrained(path)
     critic = models.value_model(policy)
     self.assertNotIn("lm_head", critic.params)
-    np.testing.assert_array_equal(critic.params["layers"]["mlp"]["up_proj"]["kernel"],
-                                  policy.params["layers"]["mlp"]["up_proj"]["kernel"])
+    np.testing.assert_array_equal(critic.params["layers_2"]["mlp"]["up_proj"]["kernel"],
+                                  policy.params["layers_2"]["mlp"]["up_proj"]["kernel"])
     ids, mask = _random_batch(5)
     np.testing.assert_array_equal(models.compute_values(critic, ids, mask), np.zeros(ids.shape))
     # With a head w, the value is w . h where h is the policy's final hidden state.

@@ -1,0 +1,292 @@
+"""The group sampler: G completions per prompt, with behaviour log-probs, in one program.
+
+```python
+from jaxrl_llm import sampling
+out = sampling.generate(model, prompts, num_samples=G, max_new_tokens=N,
+                        temperature=1.0, top_k=0, top_p=1.0, eos_ids=(...), seed=0)
+```
+
+One jitted program per (model, prompt bucket, settings): prefill the P prompts once, copy
+each prompt's KV cache into the rows of its G samples, then a `lax.while_loop` decodes one
+token for all B = P*G rows per step until every row has finished (EOS or N tokens).
+
+Prompts are left-padded to the smallest bucket length that holds the longest one, so a new
+prompt length inside a bucket reuses the compiled program. The KV cache buffer
+(one [B, K, S0 + N, Dh] per layer) lives in a `Sampler` between calls and is donated to each call:
+its slots are rewritten in place, never reallocated.
+
+Behaviour log-prob: for each sampled token, `log_softmax(logits / temperature)` of the
+full vocabulary, taken BEFORE top-k / top-p truncation. This is the quantity the trainer
+recomputes from the policy (same temperature, no truncation), so the importance ratio
+of an on-policy batch is exactly 1 up to numerics. With temperature 0 (greedy) it is
+`log_softmax(logits)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxrl_llm import models
+from jaxrl_llm import sharding as sh
+from jaxrl_llm.models import kv_cache
+
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@struct.dataclass
+class SampleOutput:
+  """Completions of B = P*G rows, prompt-major (the G samples of prompt 0 come first).
+
+  Attributes:
+    tokens: int32 [B, N], `pad_id` after the end.
+    mask: int32 [B, N], 1 on generated tokens up to and including EOS.
+    logprobs: float32 [B, N], behaviour log-probs (0 where mask is 0).
+    lengths: int32 [B], number of generated tokens (EOS included).
+    truncated: bool [B], True when N tokens were generated without an EOS.
+  """
+  tokens: jax.Array
+  mask: jax.Array
+  logprobs: jax.Array
+  lengths: jax.Array
+  truncated: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+  """Static controls of one compiled sampling program."""
+  num_samples: int
+  max_new_tokens: int
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  eos_ids: tuple[int, ...] = ()
+  pad_id: int = 0
+
+  def __post_init__(self):
+    if self.num_samples < 1:
+      raise ValueError(f"num_samples={self.num_samples}: expected >= 1")
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens={self.max_new_tokens}: expected >= 1")
+    if self.temperature < 0:
+      raise ValueError(f"temperature={self.temperature}: expected >= 0 (0 = greedy)")
+    if self.top_k < 0:
+      raise ValueError(f"top_k={self.top_k}: expected >= 0 (0 = off)")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p={self.top_p}: expected 0 < top_p <= 1 (1 = off)")
+
+
+def bucket_length(length: int, buckets: Sequence[int]) -> int:
+  """The smallest bucket >= length (past the largest: the next multiple of it)."""
+  for b in sorted(buckets):
+    if length <= b:
+      return b
+  top = max(buckets)
+  return -(-length // top) * top
+
+
+def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int):
+  """Token lists -> (tokens, mask) int32 [P, length], right-aligned."""
+  tokens = np.full((len(prompts), length), pad_id, np.int32)
+  mask = np.zeros((len(prompts), length), np.int32)
+  for i, p in enumerate(prompts):
+    if len(p):
+      tokens[i, length - len(p):] = p
+      mask[i, length - len(p):] = 1
+  return tokens, mask
+
+
+# --- token choice -------------------------------------------------------------------------------
+def _truncate(scaled_BV: jax.Array, top_k: int, top_p: float) -> jax.Array:
+  """Sets logits outside the top-k, then outside the top-p nucleus, to -inf."""
+  if top_k and top_k < scaled_BV.shape[-1]:
+    kth_B1 = jax.lax.top_k(scaled_BV, top_k)[0][:, -1:]
+    scaled_BV = jnp.where(scaled_BV < kth_B1, -jnp.inf, scaled_BV)
+  if top_p < 1.0:
+    probs_BV = jax.nn.softmax(scaled_BV, axis=-1)
+    sorted_BV = jnp.sort(probs_BV, axis=-1)[:, ::-1]
+    # Keep the smallest prefix of the sorted tokens whose mass reaches top_p (at least one).
+    keep_BV = (jnp.cumsum(sorted_BV, axis=-1) - sorted_BV) < top_p
+    threshold_B1 = jnp.min(jnp.where(keep_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
+    scaled_BV = jnp.where(probs_BV < threshold_B1, -jnp.inf, scaled_BV)
+  return scaled_BV
+
+
+def _inverse_cdf_sample(key: jax.Array, logits_BV: jax.Array) -> jax.Array:
+  """One draw per row from softmax(logits) by inverting the CDF.
+
+  Needs B uniforms instead of the B*V of Gumbel-max (`jax.random.categorical`), which made
+  token choice a tenth of a CPU decode step. Tokens of probability 0 are never drawn: their
+  CDF interval is empty.
+  """
+  probs_BV = jax.nn.softmax(logits_BV, axis=-1)
+  cdf_BV = jnp.cumsum(probs_BV, axis=-1)
+  u_B1 = jax.random.uniform(key, (logits_BV.shape[0], 1)) * cdf_BV[:, -1:]
+  above_BV = cdf_BV > u_B1
+  # Rounding can leave u at the very top; then take the most likely token.
+  return jnp.where(above_BV.any(-1), jnp.argmax(above_BV, -1), jnp.argmax(probs_BV, -1))
+
+
+def choose_tokens(logits_BV: jax.Array, key: jax.Array, s: SamplingSettings):
+  """Samples one token per row; returns (token int32 [B], behaviour log-prob float32 [B])."""
+  logits_BV = logits_BV.astype(jnp.float32)
+  if s.temperature == 0:
+    token_B = jnp.argmax(logits_BV, axis=-1)
+    logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
+  else:
+    scaled_BV = logits_BV / s.temperature
+    logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)  # before truncation: see module doc
+    token_B = _inverse_cdf_sample(key, _truncate(scaled_BV, s.top_k, s.top_p))
+  logp_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
+  return token_B.astype(jnp.int32), logp_B
+
+
+# --- the program --------------------------------------------------------------------------------
+@struct.dataclass
+class _LoopState:
+  t: jax.Array             # next column to fill
+  token_B: jax.Array       # token chosen for column t - 1
+  done_B: jax.Array        # finished before column t
+  tokens_BN: jax.Array
+  logprobs_BN: jax.Array
+  lengths_B: jax.Array
+  kv_mask_BS: jax.Array
+  cache: tuple
+
+
+def _record(st: _LoopState, token_B, logp_B, s: SamplingSettings) -> _LoopState:
+  """Writes column t (for rows still running) and advances t."""
+  live_B = ~st.done_B
+  col = jnp.where(live_B, token_B, s.pad_id)
+  tokens_BN = jax.lax.dynamic_update_slice(st.tokens_BN, col[:, None], (0, st.t))
+  logprobs_BN = jax.lax.dynamic_update_slice(
+      st.logprobs_BN, jnp.where(live_B, logp_B, 0.0)[:, None], (0, st.t))
+  is_eos_B = jnp.isin(token_B, jnp.asarray(s.eos_ids, jnp.int32)) if s.eos_ids else jnp.zeros_like(live_B)
+  return st.replace(t=st.t + 1, token_B=token_B, done_B=st.done_B | is_eos_B,
+                    tokens_BN=tokens_BN, logprobs_BN=logprobs_BN,
+                    lengths_B=st.lengths_B + live_B.astype(jnp.int32))
+
+
+def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, key, s: SamplingSettings):
+  P, S0 = tokens_PS.shape
+  G, N = s.num_samples, s.max_new_tokens
+  B = P * G
+  S = S0 + N
+
+  # Prefill: each prompt once.
+  positions_PS = models.positions_from_mask(mask_PS)
+  prompt_cache = kv_cache.init_cache(model.config, P, S0, cache[0]["k"].dtype)
+  hidden_PSD, prompt_cache = models.forward(model, tokens_PS, positions_PS, mask_PS, prompt_cache, 0,
+                                            return_hidden=True)
+  logits_PV = models.unembed(model, hidden_PSD[:, -1:])[:, 0]  # only the last prompt token's
+  # ...shared by its G samples: rows [p*G, (p+1)*G) get prompt p's keys and values.
+  cache = jax.tree.map(lambda buf, kv_PKSd: jax.lax.dynamic_update_slice(
+      buf, jnp.repeat(kv_PKSd, G, axis=0), (0, 0, 0, 0)), cache, prompt_cache)
+  if model.mesh is not None:
+    shardings = kv_cache.cache_shardings(model.config, B, S, model.mesh, model.rules)
+    cache = jax.lax.with_sharding_constraint(cache, shardings)
+  kv_mask_BS = jnp.zeros((B, S), jnp.int32).at[:, :S0].set(jnp.repeat(mask_PS, G, axis=0))
+  next_position_B = jnp.repeat(positions_PS[:, -1] + 1, G)
+
+  token_B, logp_B = choose_tokens(jnp.repeat(logits_PV, G, axis=0),
+                                  jax.random.fold_in(key, 0), s)
+  st = _LoopState(t=jnp.int32(0), token_B=token_B, done_B=jnp.zeros((B,), bool),
+                  tokens_BN=jnp.full((B, N), s.pad_id, jnp.int32),
+                  logprobs_BN=jnp.zeros((B, N), jnp.float32), lengths_B=jnp.zeros((B,), jnp.int32),
+                  kv_mask_BS=kv_mask_BS, cache=cache)
+  st = _record(st, token_B, logp_B, s)
+
+  def cond(st):
+    return (st.t < N) & ~jnp.all(st.done_B)
+
+  def step(st):  # feed the token of column t - 1, choose the token of column t
+    slot = S0 + st.t - 1
+    kv_mask_BS = jax.lax.dynamic_update_slice(st.kv_mask_BS, jnp.ones((B, 1), jnp.int32), (0, slot))
+    positions_B1 = (next_position_B + st.t - 1)[:, None]
+    logits_B1V, cache = models.forward(model, st.token_B[:, None], positions_B1, kv_mask_BS,
+                                       st.cache, slot)
+    token_B, logp_B = choose_tokens(logits_B1V[:, 0], jax.random.fold_in(key, st.t), s)
+    return _record(st.replace(kv_mask_BS=kv_mask_BS, cache=cache), token_B, logp_B, s)
+
+  st = jax.lax.while_loop(cond, step, st)
+  mask_BN = (jnp.arange(N)[None, :] < st.lengths_B[:, None]).astype(jnp.int32)
+  out = SampleOutput(tokens=st.tokens_BN, mask=mask_BN, logprobs=st.logprobs_BN,
+                     lengths=st.lengths_B, truncated=(st.lengths_B == N) & ~st.done_B)
+  return out, st.cache
+
+
+class Sampler:
+  """Compiled sampling for one model config and settings; keeps the donated cache buffer."""
+
+  def __init__(self, settings: SamplingSettings, buckets: Sequence[int] = DEFAULT_BUCKETS):
+    self.settings = settings
+    self.buckets = tuple(sorted(buckets))
+    self._program = jax.jit(functools.partial(_sample_program, s=settings), donate_argnums=(1,))
+    self._cache = None
+
+  def num_compilations(self) -> int:
+    return self._program._cache_size()
+
+  def __call__(self, model: models.Model, prompts: Sequence[Sequence[int]], seed) -> SampleOutput:
+    if not len(prompts):
+      raise ValueError("prompts is empty: expected a list of token-id lists")
+    longest = max(len(p) for p in prompts)
+    if min(len(p) for p in prompts) == 0:
+      raise ValueError("a prompt is empty: every prompt needs at least one token")
+    s = self.settings
+    tokens, mask = left_pad(prompts, bucket_length(longest, self.buckets), s.pad_id)
+    if tokens.max() >= model.config.vocab_size or tokens.min() < 0:
+      raise ValueError(f"prompt token ids must lie in [0, {model.config.vocab_size}); got "
+                       f"[{tokens.min()}, {tokens.max()}]")
+    B, S = len(prompts) * s.num_samples, tokens.shape[1] + s.max_new_tokens
+    shape = kv_cache.layer_shape(model.config, B, S)
+    if (self._cache is None or len(self._cache) != model.config.num_layers
+        or self._cache[0]["k"].shape != shape):
+      self._cache = self._new_cache(model, B, S)
+    if model.mesh is not None:
+      batch = sh.named_sharding((sh.BATCH, sh.SEQ), tokens.shape, model.mesh, model.rules)
+      tokens, mask = sh.put((tokens, mask), (batch, batch))
+    key = seed if isinstance(seed, jax.Array) else jax.random.key(seed)
+    out, self._cache = self._program(model, self._cache, tokens, mask, key)
+    return out
+
+  def _new_cache(self, model, B, S):
+    cfg = model.config
+    if model.mesh is None:
+      return kv_cache.init_cache(cfg, B, S)
+    shardings = kv_cache.cache_shardings(cfg, B, S, model.mesh, model.rules)
+    return jax.jit(lambda: kv_cache.init_cache(cfg, B, S), out_shardings=shardings)()
+
+
+@functools.lru_cache(maxsize=16)
+def _sampler(settings: SamplingSettings) -> Sampler:
+  return Sampler(settings)
+
+
+def generate(model: models.Model, prompts: Sequence[Sequence[int]], num_samples: int,
+             max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             eos_ids: Sequence[int] = (), seed: int | jax.Array = 0, pad_id: int = 0) -> SampleOutput:
+  """Samples `num_samples` completions of every prompt.
+
+  Args:
+    model: a language model (`models.from_pretrained`, `models.init`), sharded or not.
+    prompts: P token-id lists of any lengths (left-padded to a bucket here).
+    num_samples: G completions per prompt.
+    max_new_tokens: N, the most tokens generated per completion.
+    temperature: 0 = greedy; otherwise logits are divided by it.
+    top_k: keep only the k most likely tokens (0 = off).
+    top_p: keep the smallest set of tokens whose probability reaches top_p (1 = off).
+    eos_ids: token ids that end a completion (the EOS itself is kept and masked in).
+    seed: an int or a jax PRNG key.
+    pad_id: the token written after the end.
+  Returns:
+    `SampleOutput` with rows prompt-major: the G samples of prompt 0 come first.
+  """
+  settings = SamplingSettings(num_samples, max_new_tokens, float(temperature), int(top_k),
+                              float(top_p), tuple(int(e) for e in eos_ids), int(pad_id))
+  return _sampler(settings)(model, prompts, seed)

@@ -1,0 +1,226 @@
+"""The group sampler against transformers' generate, the model's own distribution, and itself."""
+import tempfile
+
+import jax
+import numpy as np
+import scipy.stats
+import torch
+from absl.testing import absltest, parameterized
+
+from jaxrl_llm import models, sampling
+from jaxrl_llm import sharding as sh
+from tests import hf_testing
+
+V = hf_testing.TINY["vocab_size"]
+EOS = hf_testing.TINY["eos_token_id"]
+
+
+def _prompts(seed, lengths):
+  rng = np.random.RandomState(seed)
+  return [list(rng.randint(3, V, n)) for n in lengths]
+
+
+def _model(arch="llama", **kw):
+  hf = hf_testing.make_hf_model(arch, **kw)
+  return hf, models.from_pretrained(hf_testing.save_hf_model(hf, tempfile.mkdtemp()))
+
+
+def _completion_logp(model, prompt, completion, temperature=1.0):
+  """log_softmax(logits / T) of each completion token and the full rows, by one forward pass."""
+  ids = np.array([list(prompt) + list(completion)])
+  logits = np.asarray(models.compute_logits(model, ids, np.ones_like(ids)))[0]
+  logits = logits[len(prompt) - 1:-1].astype(np.float64) / temperature  # the logits that chose each completion token
+  logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+  return logp[np.arange(len(completion)), completion], logp
+
+
+def _chi2_p_value(counts, expected):
+  """Chi-square over bins with >= 5 expected draws, the rest pooled into one bin."""
+  big = expected >= 5
+  obs, exp = counts[big], expected[big]
+  if (~big).any():
+    obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, expected[~big].sum())
+  return scipy.stats.chisquare(obs, exp * obs.sum() / exp.sum())[1]
+
+
+class GreedyTest(parameterized.TestCase):
+
+  @parameterized.parameters("llama", "qwen2", "qwen3")
+  def test_greedy_matches_transformers_generate(self, arch):
+    hf, model = _model(arch)
+    prompts = _prompts(0, (5, 11, 8))
+    out = sampling.generate(model, prompts, num_samples=1, max_new_tokens=32, temperature=0.0,
+                            eos_ids=(EOS,), pad_id=0)
+    for i, p in enumerate(prompts):
+      with torch.no_grad():
+        ref = hf.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                          do_sample=False, max_new_tokens=32, eos_token_id=EOS, pad_token_id=0)
+      ref = ref[0, len(p):].numpy()
+      n = int(out.lengths[i])
+      self.assertGreater(n, 0)
+      np.testing.assert_array_equal(np.asarray(out.tokens[i, :n]), ref[:n])
+      if n < 32:  # stopped at an EOS, as transformers did
+        self.assertEqual(int(out.tokens[i, n - 1]), EOS)
+        self.assertTrue(np.all(ref[n:] == 0))
+
+  def test_greedy_ignores_padding_and_batch_neighbours(self):
+    _, model = _model("qwen3")
+    target = _prompts(1, (6,))[0]
+    alone = sampling.generate(model, [target], 1, 20, temperature=0.0)
+    # A long neighbour moves the target to another bucket with a lot of left padding.
+    crowd = sampling.generate(model, _prompts(2, (40, 3)) + [target], 1, 20, temperature=0.0)
+    np.testing.assert_array_equal(np.asarray(alone.tokens[0]), np.asarray(crowd.tokens[2]))
+    np.testing.assert_allclose(np.asarray(alone.logprobs[0]), np.asarray(crowd.logprobs[2]), atol=1e-5)
+
+
+class DistributionTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.hf, cls.model = _model("llama")
+
+  @parameterized.parameters(1.0, 1.7)
+  def test_first_token_follows_the_softmax(self, temperature):
+    prompt = _prompts(3, (7,))[0]
+    n = 6000
+    out = sampling.generate(self.model, [prompt], num_samples=n, max_new_tokens=1,
+                            temperature=temperature, seed=11)
+    _, logp = _completion_logp(self.model, prompt, [0], temperature)
+    expected = np.exp(logp[0]) * n
+    counts = np.bincount(np.asarray(out.tokens[:, 0]), minlength=V)
+    self.assertGreater(_chi2_p_value(counts, expected), 1e-3)
+    # ...and a wrong temperature is rejected by the same test (the test can fail).
+    _, wrong = _completion_logp(self.model, prompt, [0], temperature * 2)
+    self.assertLess(_chi2_p_value(counts, np.exp(wrong[0]) * n), 1e-3)
+
+  def test_logprobs_equal_a_fresh_forward_pass(self):
+    prompts = _prompts(4, (3, 9))
+    out = sampling.generate(self.model, prompts, num_samples=3, max_new_tokens=12,
+                            temperature=0.8, top_k=5, seed=5)
+    for row in range(6):
+      n = int(out.lengths[row])
+      completion = np.asarray(out.tokens[row, :n])
+      want, _ = _completion_logp(self.model, prompts[row // 3], completion, 0.8)
+      np.testing.assert_allclose(np.asarray(out.logprobs[row, :n]), want, atol=1e-4)
+      self.assertTrue(np.all(np.asarray(out.logprobs[row, n:]) == 0))
+
+  @parameterized.named_parameters(dict(testcase_name="top_k", top_k=4, top_p=1.0),
+                                  dict(testcase_name="top_p", top_k=0, top_p=0.6),
+                                  dict(testcase_name="both", top_k=8, top_p=0.7))
+  def test_truncation_never_leaves_the_kept_set(self, top_k, top_p):
+    prompts = _prompts(5, (4, 10))
+    # A low temperature makes the random model's distribution peaked: small kept sets.
+    out = sampling.generate(self.model, prompts, num_samples=16, max_new_tokens=8,
+                            temperature=0.25, top_k=top_k, top_p=top_p, seed=7)
+    sizes = []
+    for row in range(32):
+      completion = np.asarray(out.tokens[row])
+      _, logp = _completion_logp(self.model, prompts[row // 16], completion, 0.25)
+      for t, token in enumerate(completion):
+        order = np.argsort(-logp[t])
+        kept = order[:top_k] if top_k else order
+        probs = np.exp(logp[t][kept]) / np.exp(logp[t][kept]).sum()
+        nucleus = kept[:np.searchsorted(np.cumsum(probs), top_p - 1e-6) + 1]
+        self.assertIn(token, nucleus, f"row {row} step {t}")
+        sizes.append(len(nucleus))
+    self.assertLess(np.mean(sizes), V / 4)  # the kept sets really are small
+
+
+class StoppingTest(absltest.TestCase):
+
+  def test_eos_stops_and_masks_the_rest(self):
+    hf, model = _model("qwen2")
+    prompts = _prompts(6, (5, 7))
+    # Many stop ids, so most rows stop early at different steps.
+    eos = tuple(range(3, 10))
+    out = sampling.generate(model, prompts, num_samples=8, max_new_tokens=10, eos_ids=eos,
+                            seed=3, pad_id=0)
+    tokens, mask = np.asarray(out.tokens), np.asarray(out.mask)
+    stopped = 0
+    for row in range(16):
+      hits = np.flatnonzero(np.isin(tokens[row], eos))
+      if len(hits):
+        end = hits[0] + 1
+        stopped += 1
+        self.assertFalse(bool(out.truncated[row]))
+      else:
+        end = 10
+        self.assertTrue(bool(out.truncated[row]))
+      self.assertEqual(int(out.lengths[row]), end)
+      np.testing.assert_array_equal(mask[row], (np.arange(10) < end).astype(np.int32))
+      self.assertTrue(np.all(tokens[row, end:] == 0))
+    self.assertGreater(stopped, 4)
+    self.assertLess(stopped, 16)
+
+  def test_rows_are_prompt_major_and_samples_differ(self):
+    _, model = _model("llama")
+    prompts = _prompts(7, (4, 4))
+    out = sampling.generate(model, prompts, num_samples=4, max_new_tokens=6, seed=1)
+    self.assertEqual(out.tokens.shape, (8, 6))
+    self.assertEqual(out.tokens.dtype, np.int32)
+    self.assertEqual(out.logprobs.dtype, np.float32)
+    self.assertGreater(len({tuple(np.asarray(r)) for r in out.tokens}), 4)
+    # Row 5 is sample 1 of prompt 1: its log-probs are those of prompt 1.
+    want, _ = _completion_logp(model, prompts[1], np.asarray(out.tokens[5]))
+    np.testing.assert_allclose(np.asarray(out.logprobs[5]), want, atol=1e-4)
+    again = sampling.generate(model, prompts, num_samples=4, max_new_tokens=6, seed=1)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(again.tokens))
+    other = sampling.generate(model, prompts, num_samples=4, max_new_tokens=6, seed=2)
+    self.assertFalse(np.array_equal(np.asarray(out.tokens), np.asarray(other.tokens)))
+
+
+class CompilationTest(absltest.TestCase):
+
+  def test_prompt_lengths_inside_a_bucket_compile_once(self):
+    _, model = _model("llama")
+    sampler = sampling.Sampler(sampling.SamplingSettings(num_samples=2, max_new_tokens=4))
+    for i, n in enumerate(range(17, 27)):  # all inside bucket 32
+      out = sampler(model, _prompts(i, (n, n - 5)), seed=i)
+      self.assertEqual(out.tokens.shape, (4, 4))
+    self.assertEqual(sampler.num_compilations(), 1)
+    sampler(model, _prompts(0, (40,)), seed=0)  # bucket 64: a second program
+    self.assertEqual(sampler.num_compilations(), 2)
+
+  def test_bucket_length(self):
+    self.assertEqual(sampling.bucket_length(17, (16, 32, 64)), 32)
+    self.assertEqual(sampling.bucket_length(16, (16, 32, 64)), 16)
+    self.assertEqual(sampling.bucket_length(65, (16, 32, 64)), 128)
+
+
+class ShardedSamplingTest(absltest.TestCase):
+
+  def test_sharded_model_samples_the_same(self):
+    hf = hf_testing.make_hf_model("qwen2", vocab_size=128, hidden_size=64, intermediate_size=96)
+    path = hf_testing.save_hf_model(hf, tempfile.mkdtemp())
+    mesh = sh.make_mesh(dict(data=2, fsdp=2, tensor=2))
+    plain, sharded = models.from_pretrained(path), models.from_pretrained(path, mesh=mesh)
+    prompts = _prompts(8, (5, 9, 3, 12))
+    kw = dict(num_samples=2, max_new_tokens=10, temperature=0.0)
+    a = sampling.generate(plain, prompts, **kw)
+    b = sampling.generate(sharded, prompts, **kw)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+    self.assertEqual(len(b.tokens.sharding.device_set), 8)
+
+
+class BadInputTest(absltest.TestCase):
+
+  def test_errors(self):
+    _, model = _model("llama")
+    with self.assertRaisesRegex(ValueError, "prompts is empty"):
+      sampling.generate(model, [], 2, 4)
+    with self.assertRaisesRegex(ValueError, "a prompt is empty"):
+      sampling.generate(model, [[5], []], 2, 4)
+    with self.assertRaisesRegex(ValueError, r"token ids must lie in \[0, 97\)"):
+      sampling.generate(model, [[5, 300]], 2, 4)
+    with self.assertRaisesRegex(ValueError, "top_p=0.0"):
+      sampling.generate(model, [[5]], 2, 4, top_p=0.0)
+    with self.assertRaisesRegex(ValueError, "temperature=-1.0"):
+      sampling.generate(model, [[5]], 2, 4, temperature=-1)
+    with self.assertRaisesRegex(ValueError, "max_new_tokens=0"):
+      sampling.generate(model, [[5]], 2, 0)
+
+
+if __name__ == "__main__":
+  absltest.main()
