@@ -20,6 +20,7 @@ from jaxrl_llm.objectives.advantages import ESTIMATORS
 from jaxrl_llm.objectives.advantages import OUTCOME_ESTIMATORS
 from jaxrl_llm.objectives.advantages import discounted_returns
 from jaxrl_llm.objectives.advantages import gae
+from jaxrl_llm.objectives.advantages import kl_penalised_rewards
 from jaxrl_llm.objectives.advantages import masked_whiten
 from jaxrl_llm.objectives.advantages import outcome_advantages
 from jaxrl_llm.objectives.advantages import outcome_token_rewards

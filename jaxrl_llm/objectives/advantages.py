@@ -189,9 +189,36 @@ def last_token_mask(mask_BT: Array) -> Array:
   return mask_BT * (valid_at_or_after_BT == 1.0)
 
 
-def outcome_token_rewards(rewards_B: Array, mask_BT: Array) -> Array:
-  """Token rewards `r_t`: the outcome reward on the last valid token, 0 elsewhere."""
-  return last_token_mask(mask_BT) * rewards_B.astype(jnp.float32)[:, None]
+def outcome_token_rewards(
+    rewards_B: Array, mask_BT: Array, *, kl_BT: Array | None = None, kl_coef: float = 0.0
+) -> Array:
+  """Token rewards `r_t = R·[t is the last valid token] - β·kl_t` (PPO-RLHF, REINFORCE++).
+
+  Args:
+    rewards_B: outcome reward per response.
+    mask_BT: valid completion tokens.
+    kl_BT: optional per-token KL estimate (k1 = `old_logp - ref_logp` in the presets).
+    kl_coef: β.
+
+  Returns:
+    `[B, T]` float32, 0 on masked tokens, stop-gradient.
+  """
+  token_rewards_BT = last_token_mask(mask_BT) * rewards_B.astype(jnp.float32)[:, None]
+  if kl_BT is not None:
+    token_rewards_BT -= kl_coef * kl_BT.astype(jnp.float32) * mask_BT.astype(jnp.float32)
+  return jax.lax.stop_gradient(token_rewards_BT)
+
+
+def kl_penalised_rewards(
+    rewards_B: Array, mask_BT: Array, kl_BT: Array, kl_coef: float
+) -> Array:
+  """Response rewards `R - β·Σ_t kl_t` for outcome estimators with KL in the reward.
+
+  The same KL charge as `outcome_token_rewards`, summed over the response before the
+  group baseline (as TRL's and OpenRLHF's RLOO do). Stop-gradient.
+  """
+  kl_B = jnp.sum(kl_BT.astype(jnp.float32) * mask_BT.astype(jnp.float32), axis=1)
+  return jax.lax.stop_gradient(rewards_B.astype(jnp.float32) - kl_coef * kl_B)
 
 
 def _reverse_scan(step, init, xs_BT: tuple[Array, ...]) -> Array:
@@ -309,21 +336,23 @@ def token_advantages(
   P, G = rewards_PG.shape
   mask_BT = mask_BT.astype(jnp.float32)
   rewards_B = jax.lax.stop_gradient(rewards_PG.astype(jnp.float32)).reshape(P * G)
-  kl_BT = jnp.zeros_like(mask_BT)
+  kl_BT, kl_coef = jnp.zeros_like(mask_BT), 0.0
   if cfg.kl.placement == "reward" and cfg.kl.coef > 0:
     if logp_BT is None or ref_logp_BT is None:
       raise ValueError("KL in the reward needs logp_BT and ref_logp_BT.")
-    kl_BT = jax.lax.stop_gradient(
-        cfg.kl.coef * kl_lib.kl_divergence(logp_BT, ref_logp_BT, cfg.kl.estimator) * mask_BT)
+    valid_BT = mask_BT > 0  # padding log-probs may be anything
+    kl_BT = kl_lib.kl_divergence(jnp.where(valid_BT, logp_BT, 0.0),
+                                 jnp.where(valid_BT, ref_logp_BT, 0.0), cfg.kl.estimator)
+    kl_coef = cfg.kl.coef
 
   name = cfg.advantage.estimator
   if cfg.advantage.fn or name not in TOKEN_ESTIMATORS:
-    penalised_PG = (rewards_B - jnp.sum(kl_BT, axis=1)).reshape(P, G)
+    penalised_PG = kl_penalised_rewards(rewards_B, mask_BT, kl_BT, kl_coef).reshape(P, G)
     lengths_PG = jnp.sum(mask_BT, axis=1).reshape(P, G)
     adv_PG = outcome_advantages(penalised_PG, cfg, lengths_PG=lengths_PG)
     return adv_PG.reshape(P * G)[:, None] * mask_BT, None
 
-  token_rewards_BT = outcome_token_rewards(rewards_B, mask_BT) - kl_BT
+  token_rewards_BT = outcome_token_rewards(rewards_B, mask_BT, kl_BT=kl_BT, kl_coef=kl_coef)
   if name == "reinforce_pp":
     returns_BT = discounted_returns(token_rewards_BT, mask_BT, cfg.advantage.gamma)
     return masked_whiten(returns_BT, mask_BT, cfg.advantage.eps), None

@@ -59,6 +59,6 @@ def kl_divergence(logp: Array, ref_logp: Array, estimator: str) -> Array:
   if estimator not in KL_ESTIMATORS:
     raise ValueError(
         f"Unknown KL estimator {estimator!r}; valid: {sorted(KL_ESTIMATORS)}.")
-  logp = logp.astype(jnp.float32)
-  ref_logp = jax.lax.stop_gradient(ref_logp.astype(jnp.float32))
+  logp = jnp.asarray(logp, jnp.float32)
+  ref_logp = jax.lax.stop_gradient(jnp.asarray(ref_logp, jnp.float32))
   return KL_ESTIMATORS[estimator](logp, ref_logp)

@@ -23,6 +23,7 @@ gradients and every mean metric add up exactly over the pieces. `ratio_min` and
 from __future__ import annotations
 
 from typing import Callable
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -189,7 +190,8 @@ def policy_loss(
     advantages: `[B]` (one per response) or `[B, T]` (stop-gradient).
     mask: `[B, T]`, 1 on valid completion tokens.
     cfg: `config.algo`, read at trace time (close over it or use `functools.partial`).
-    ref_logp: `[B, T]` reference log-probs; needed when the KL is in the loss.
+    ref_logp: `[B, T]` reference log-probs; with the KL in the loss and no
+      `ref_logp`, the KL term is left out (with a warning at trace time).
     entropy: `[B, T]` per-token entropy of the policy; needed if `entropy_coef != 0`.
     counts: `batch_counts(mask)` of the WHOLE minibatch when this call sees only a
       piece of it (micro-batch or device shard); defaults to this call's own counts.
@@ -236,8 +238,12 @@ def policy_loss(
     metrics["kl_ref"] = aggregation.masked_token_mean(sg(kl_BT), mask, counts)
   if cfg.kl.placement == "loss" and cfg.kl.coef > 0:
     if ref_logp is None:
-      raise ValueError("kl.placement == 'loss' with kl.coef > 0 needs ref_logp.")
-    metrics["kl_loss"] = reduce(cfg.kl.coef * kl_BT, mask, counts, loss_cfg)
+      # Lenient for callers that only look at the policy-gradient part; the trainer
+      # always passes ref_logp when the KL is in the loss.
+      warnings.warn("kl.placement == 'loss' with kl.coef > 0 but no ref_logp: "
+                    "the KL term is left out.", stacklevel=2)
+    else:
+      metrics["kl_loss"] = reduce(cfg.kl.coef * kl_BT, mask, counts, loss_cfg)
   if entropy is not None:
     entropy = jnp.where(valid, entropy.astype(jnp.float32), 0.0)
     metrics["entropy"] = aggregation.masked_token_mean(sg(entropy), mask, counts)

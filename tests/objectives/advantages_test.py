@@ -189,6 +189,18 @@ class TokenLevelTest(parameterized.TestCase):
         objectives.outcome_token_rewards(jnp.array([2.0, 3.0, 4.0]), mask),
         [[0, 0, 2, 0], [3, 0, 0, 0], [0, 0, 0, 0]])
 
+  def test_token_rewards_with_kl(self):
+    # R = [2, 3] on the last valid token, minus β·kl = 0.5·[[0.2, 0.4, ·], [0.6, ·, ·]]:
+    # [[-0.1, 2 - 0.2, 0], [3 - 0.3, 0, 0]]; summed per response: [2 - 0.3, 3 - 0.3].
+    mask = jnp.array([[1.0, 1, 0], [1, 0, 0]])
+    kl = jnp.array([[0.2, 0.4, 9.0], [0.6, 9.0, 9.0]])
+    np.testing.assert_allclose(
+        objectives.outcome_token_rewards(jnp.array([2.0, 3.0]), mask, kl_BT=kl, kl_coef=0.5),
+        [[-0.1, 1.8, 0.0], [2.7, 0.0, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(
+        objectives.kl_penalised_rewards(jnp.array([2.0, 3.0]), mask, kl, 0.5), [1.7, 2.7],
+        atol=1e-6)
+
   def test_reinforce_pp_with_kl_in_reward(self):
     # P=1, G=2, mask [[1,1],[1,0]], R = [1, 0], k1 = logp - ref = [[0.1,0.2],[0.3,·]],
     # β = 0.5, γ = 1. Token rewards: [[-0.05, 1 - 0.1], [-0.15, 0]]

@@ -118,7 +118,8 @@ class ExactAccumulationTest(parameterized.TestCase):
     naive = sum(grad_fn(theta, piece, None)[1] for piece in pieces) / 4
     self.assertGreater(float(jnp.abs(naive - grad).max()), 1e-4)
 
-  @parameterized.parameters(*SPLIT_PRESETS)
+  # One preset per aggregation (micro-batching covers the other kinds of term).
+  @parameterized.parameters("grpo", "dapo", "rloo", "dr_grpo")
   def test_eight_device_data_parallel(self, name):
     self.assertEqual(jax.device_count(), 8)
     cfg = preset(name)

@@ -51,7 +51,7 @@ def weighted_sum(logp, entropy):
 
 class ChunkedTest(parameterized.TestCase):
 
-  @parameterized.parameters(1, 3, 4, 10, 64)
+  @parameterized.parameters(1, 4, 64)  # one position, T % C != 0, C > T
   def test_equals_unchunked_values_and_gradients(self, chunk_size):
     hidden, w, targets = chunk_inputs()
 
