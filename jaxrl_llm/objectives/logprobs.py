@@ -1,8 +1,10 @@
 """Per-token log-probabilities and entropies from logits, in float32 and in chunks.
 
 The behaviour log-prob of a sampled token is `log_softmax(logits / temperature)` at
-that token, the same definition the sampler uses, so that `logp == old_logp` on the
-first pass over a batch when the trainer and the sampler agree.
+that token (before any top-k/top-p truncation; temperature 0, greedy, counts as 1),
+the same definition the sampler (`jaxrl_llm/sampling.py`) records, so that
+`logp == old_logp` on the first pass over a batch when the trainer and the sampler
+agree.
 
 Logits are cast to float32 before the softmax: bfloat16 log-probs are too coarse for
 importance ratios `exp(logp - old_logp)` near 1.
@@ -24,7 +26,9 @@ Array = jax.Array
 
 
 def _log_softmax_f32(logits_BTV: Array, temperature: float) -> Array:
-  """log_softmax(logits / temperature) in float32."""
+  """log_softmax(logits / temperature) in float32; temperature 0 (greedy) counts as 1."""
+  if temperature == 0:  # the sampler records log_softmax(logits) for greedy decoding
+    temperature = 1.0
   return jax.nn.log_softmax(logits_BTV.astype(jnp.float32) / temperature, axis=-1)
 
 
@@ -38,7 +42,7 @@ def token_logp(logits_BTV: Array, targets_BT: Array, temperature: float = 1.0) -
       logits predict token t).
     targets_BT: int token ids.
     temperature: sampling temperature; the result is the log-prob of the tempered
-      distribution the sampler drew from.
+      distribution the sampler drew from (0, greedy, counts as 1).
 
   Returns:
     `[B, T]` float32 log-probs.

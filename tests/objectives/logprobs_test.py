@@ -24,6 +24,11 @@ class TokenLogpTest(absltest.TestCase):
                                [[-math.log(2)], [-math.log(1 + math.e)]], atol=1e-6)
     np.testing.assert_allclose(objectives.token_entropy(logits, 2.0), entropy, atol=1e-6)
 
+  def test_greedy_temperature_counts_as_one(self):
+    logits = jnp.array([[[0.0, 2.0]]])
+    np.testing.assert_allclose(objectives.token_logp(logits, jnp.array([[1]]), 0.0),
+                               objectives.token_logp(logits, jnp.array([[1]]), 1.0))
+
   def test_float32_from_bfloat16(self):
     logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 7)).astype(jnp.bfloat16)
     logp, entropy = objectives.token_logp_and_entropy(logits, jnp.zeros((2, 3), jnp.int32))
