@@ -46,7 +46,8 @@ def parse_arg(arg: str | None, *, lazy: bool = False, **spec) -> ConfigDict:
 def model_config() -> ConfigDict:
   """Policy (and reference/value backbone) model: a tiny Llama unless `path` is set."""
   return ConfigDict({
-      "path": "",  # HF checkpoint dir or hub id; '' = build from `arch`
+      "path": "",  # local HF checkpoint dir; '' = build from `arch`
+      "tokenizer_path": "",  # '' = model.path (or the built-in character tokenizer)
       "dtype": "float32",
       "param_dtype": "float32",
       "remat": False,
@@ -181,6 +182,8 @@ def train_config() -> ConfigDict:
 def data_config(sampling: ConfigDict) -> ConfigDict:
   data = ConfigDict({
       "source": "task:arithmetic",
+      "completions": "sample",  # sample (RL) | dataset (SFT: each record's `completion`)
+      "task_options": {},  # keyword arguments of a task: source (see jaxrl_llm.tasks)
       "max_prompt_len": 0,
       "prompt_overflow": "error",  # error | truncate
       "chat_template": False,
@@ -193,8 +196,10 @@ def data_config(sampling: ConfigDict) -> ConfigDict:
 
 def rewards_config() -> ConfigDict:
   return ConfigDict({
-      "functions": (),  # import paths "pkg.module:fn"
-      "weights": (),  # one float per function
+      # import paths "pkg.module:fn"; the first is the eval accuracy. Default: arithmetic's.
+      "functions": ("jaxrl_llm.rewards.arithmetic:arithmetic_exact",
+                    "jaxrl_llm.rewards.arithmetic:arithmetic_format"),
+      "weights": (1.0, 0.1),  # one float per function
   })
 
 

@@ -17,6 +17,7 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, runlocal=False)
   config = common.base_config()
   config.sampling.num_samples = 1  # one target per prompt
+  config.data.completions = "dataset"  # targets from the records, not from sampling
   algo = config.algo
   algo.advantage.estimator = "constant"
   algo.loss.aggregation = "token_mean"
