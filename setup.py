@@ -22,7 +22,10 @@ setuptools.setup(
         "safetensors",
         "numpy",
         "absl-py",
+        "tqdm",
+        "tensorboardX",
     ],
+    entry_points={"console_scripts": ["jaxrl-llm-train=launch.train:run"]},
     extras_require={
         # torch is pinned: 2.13.0 is a CPU wheel on our CI machines; parity tests only.
         "test": ["pytest", "torch==2.13.0", "tensorflow-datasets", "importlib_resources"],

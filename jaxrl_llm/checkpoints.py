@@ -1,0 +1,62 @@
+"""Save and restore the TrainState and the run's position with orbax-checkpoint.
+
+A checkpoint of step s holds `state` (every array of the TrainState, restored directly
+into its shardings on the current mesh) and `meta` (JSON: the step, the data position,
+and a fingerprint of the config parts that shape the state). orbax writes each step into
+a temporary directory and renames it when complete, so a run killed mid-write leaves the
+previous checkpoint as the latest.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+  """Every `every` steps into `DIR/checkpoints`, keeping the newest `keep`."""
+
+  def __init__(self, workdir: str, ckpt_cfg):
+    if ckpt_cfg.every < 0:
+      raise ValueError(f"config.checkpoint.every={ckpt_cfg.every}: expected >= 0 (0 = only at the end)")
+    if ckpt_cfg.keep < 1:
+      raise ValueError(f"config.checkpoint.keep={ckpt_cfg.keep}: expected >= 1")
+    self.every = int(ckpt_cfg.every)
+    self.manager = ocp.CheckpointManager(
+        os.path.abspath(os.path.join(workdir, "checkpoints")),
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=int(ckpt_cfg.keep), enable_async_checkpointing=bool(ckpt_cfg.async_write),
+            create=True))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def due(self, step: int, last: bool) -> bool:
+    return last or (self.every > 0 and step % self.every == 0)
+
+  def save(self, step: int, state, meta: dict[str, Any]) -> None:
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                   meta=ocp.args.JsonSave(meta)), force=True)
+
+  def restore(self, step: int, abstract_state) -> tuple[Any, dict[str, Any]]:
+    """Restores `step` into the shapes, dtypes and shardings of `abstract_state`."""
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    return restored.state, restored.meta
+
+  def read_meta(self, step: int) -> dict[str, Any]:
+    return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def abstract_of(tree):
+  """ShapeDtypeStructs (with shardings) of a tree of arrays: the restore target."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)

@@ -1,0 +1,95 @@
+"""Metrics: a progress bar, `metrics.jsonl`, TensorBoard events; process 0 writes.
+
+Also the model-FLOP accounting behind `mfu`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class MetricsWriter:
+  """One JSON object per logged step in DIR/metrics.jsonl, the same scalars in DIR/tb/."""
+
+  def __init__(self, workdir: str, logging_cfg, total_steps: int, start_step: int = 0):
+    self.enabled = jax.process_index() == 0
+    self.jsonl = self.tb = self.bar = None
+    if not self.enabled:
+      return
+    if logging_cfg.jsonl:
+      self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+    if logging_cfg.tensorboard:
+      import tensorboardX  # pylint: disable=g-import-not-at-top
+      self.tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tb"))
+    import tqdm  # pylint: disable=g-import-not-at-top
+    self.bar = tqdm.tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
+                         dynamic_ncols=True)
+
+  def write(self, step: int, scalars: dict[str, float]) -> None:
+    if not self.enabled:
+      return
+    row = {"step": int(step), **{k: _plain(v) for k, v in sorted(scalars.items())}}
+    if self.jsonl:
+      self.jsonl.write(json.dumps(row) + "\n")
+      self.jsonl.flush()
+    if self.tb:
+      for k, v in row.items():
+        if k != "step" and isinstance(v, (int, float)) and np.isfinite(v):
+          self.tb.add_scalar(k, v, step)
+      self.tb.flush()
+    if self.bar is not None:
+      shown = {k: f"{row[k]:.3g}" for k in ("reward_mean", "loss", "eval/accuracy") if k in row}
+      self.bar.set_postfix(shown, refresh=False)
+      self.bar.update(step - self.bar.n)
+
+  def print(self, text: str) -> None:
+    if self.enabled:
+      (self.bar.write if self.bar is not None else print)(text)
+
+  def close(self) -> None:
+    if not self.enabled:
+      return
+    if self.bar is not None:
+      self.bar.close()
+    if self.jsonl:
+      self.jsonl.close()
+    if self.tb:
+      self.tb.close()
+
+
+def _plain(v):
+  v = np.asarray(v)
+  return v.item() if v.size == 1 else v.tolist()
+
+
+def matmul_params(model_config) -> int:
+  """Parameters that do one multiply-add per token (all but norms and the embedding lookup)."""
+  c = model_config
+  per_layer = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+  per_layer += 3 * c.hidden_size * c.intermediate_size
+  return c.num_layers * per_layer + c.hidden_size * c.vocab_size
+
+
+def forward_flops(model_config, tokens: int, context: float) -> float:
+  """2·params per token for the matmuls, plus QK^T and AV over `context` keys on average."""
+  attn = 4 * model_config.num_layers * model_config.num_heads * model_config.head_dim * context
+  return tokens * (2 * matmul_params(model_config) + attn)
+
+
+def measure_peak_flops() -> float:
+  """A float32 matmul rate of this device, measured once (the CPU's MFU denominator)."""
+  n = 1024
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  times = []
+  for _ in range(5):
+    t = time.perf_counter()
+    f(a).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return 2 * n ** 3 / min(times)

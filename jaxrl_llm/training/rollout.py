@@ -1,0 +1,210 @@
+"""Rollouts: prompts -> completions -> rewards, on the host, with DAPO's dynamic sampling.
+
+Two sources of completions, chosen by `config.data.completions`:
+  'sample':  the policy samples G completions per prompt (RL);
+  'dataset': each record's `completion` field is the target (SFT, demonstrations).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Iterator
+
+import jax
+import numpy as np
+
+from jaxrl_llm import data, objectives, sampling
+from jaxrl_llm.rewards import RewardSet
+
+COMPLETION_SOURCES = ("sample", "dataset")
+
+
+@dataclasses.dataclass
+class Rollout:
+  """One RL step's batch on the host, prompt-major (B = P * G rows).
+
+  Attributes:
+    prompt_tokens, prompt_mask: int32 [P, S0], left-padded prompts.
+    tokens, mask: int32 [B, N], completions (mask: generated tokens up to EOS).
+    logprobs: float32 [B, N] behaviour log-probs from the sampler (None for 'dataset').
+    lengths: int32 [B]; truncated: bool [B] (no EOS within N tokens).
+    rewards: float32 [B], the rewards advantages are computed from (overlong-shaped).
+    group_valid: bool [P]; False for filler groups (dynamic sampling) that carry no loss.
+    metrics: host scalars about this rollout (reward means, rounds, ...).
+    position: the data position after this rollout (a checkpoint stores it).
+    prompts, completions: the texts, for logging.
+  """
+  prompt_tokens: np.ndarray
+  prompt_mask: np.ndarray
+  tokens: np.ndarray
+  mask: np.ndarray
+  logprobs: np.ndarray | None
+  lengths: np.ndarray
+  truncated: np.ndarray
+  rewards: np.ndarray
+  group_valid: np.ndarray
+  metrics: dict
+  position: int
+  prompts: list[str]
+  completions: list[str]
+
+
+def eos_ids(tokenizer, model_config) -> tuple[int, ...]:
+  """Stop ids: the tokenizer's EOS and the model config's eos_token_id(s)."""
+  ids = set()
+  if tokenizer.eos_token_id is not None:
+    ids.add(int(tokenizer.eos_token_id))
+  eos = model_config.eos_token_id
+  ids.update(int(e) for e in (eos if isinstance(eos, tuple) else (eos,)) if e is not None)
+  return tuple(sorted(ids))
+
+
+def pad_id(tokenizer) -> int:
+  for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+    if tid is not None:
+      return int(tid)
+  return 0
+
+
+def _decode(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
+  return tokenizer.batch_decode([row[:n].tolist() for row, n in zip(tokens, lengths)],
+                                skip_special_tokens=True)
+
+
+def _repad(arrays: list[np.ndarray], masks: list[np.ndarray], pad: int):
+  """Left-pads prompt blocks of different bucket lengths to the longest."""
+  S0 = max(a.shape[1] for a in arrays)
+  out_t, out_m = [], []
+  for a, m in zip(arrays, masks):
+    extra = S0 - a.shape[1]
+    out_t.append(np.pad(a, ((0, 0), (extra, 0)), constant_values=pad))
+    out_m.append(np.pad(m, ((0, 0), (extra, 0))))
+  return np.concatenate(out_t), np.concatenate(out_m)
+
+
+class SampledRollouts:
+  """RL rollouts: sample G completions per prompt, score them, keep informative groups."""
+
+  def __init__(self, config, tokenizer, batches: Iterator[data.RecordBatch],
+               sampler: sampling.Sampler, reward_set: RewardSet):
+    self.config = config
+    self.tokenizer = tokenizer
+    self.batches = batches
+    self.sampler = sampler
+    self.reward_set = reward_set
+    self.G = config.sampling.num_samples
+    self.pad = pad_id(tokenizer)
+
+  def __call__(self, policy, key: jax.Array) -> Rollout:
+    algo, G = self.config.algo, self.G
+    rounds = algo.dynamic_sampling.max_rounds if algo.dynamic_sampling.enabled else 1
+    blocks, position, truncated_prompts = [], None, 0
+    kept, reward_time = 0, 0.0
+    for r in range(rounds):
+      batch = next(self.batches)
+      position = batch.position + 1
+      tok = data.tokenize_prompts(self.tokenizer, batch.prompts, self.config.data,
+                                  self.config.sampling.prompt_buckets, indices=batch.indices)
+      truncated_prompts += tok.num_truncated
+      out = jax.device_get(self.sampler(policy, tok.token_lists, jax.random.fold_in(key, r)))
+      prompts = [p for p in batch.prompts for _ in range(G)]
+      t0 = time.perf_counter()
+      completions = _decode(self.tokenizer, out.tokens, out.lengths)
+      scored = self.reward_set(prompts, completions, **batch.fields(repeat=G))
+      reward_time += time.perf_counter() - t0
+      P = len(batch.records)
+      informative = np.asarray(objectives.dynamic_sampling_keep(scored.total.reshape(P, G)))
+      blocks.append(dict(tok=tok, out=out, scored=scored, prompts=prompts,
+                         completions=completions, informative=informative))
+      kept += int(informative.sum())
+      if not algo.dynamic_sampling.enabled or kept >= P:
+        break
+    rollout = self._assemble(blocks, position, truncated_prompts, len(blocks))
+    rollout.metrics["reward_time_s"] = reward_time
+    return rollout
+
+  def _assemble(self, blocks, position, truncated_prompts, rounds) -> Rollout:
+    """The first P groups, informative ones first when dynamic sampling is on."""
+    G, algo = self.G, self.config.algo
+    P = len(blocks[0]["tok"].token_lists)
+    order = [(b, p) for b, blk in enumerate(blocks) for p in range(P)]
+    if algo.dynamic_sampling.enabled:
+      order.sort(key=lambda bp: not blocks[bp[0]]["informative"][bp[1]])  # stable
+    chosen = order[:P]
+    rows = lambda b, p: slice(p * G, (p + 1) * G)
+    take = lambda f: np.concatenate([f(blocks[b])[rows(b, p)] for b, p in chosen])
+    prompt_tokens, prompt_mask = _repad(
+        [blocks[b]["tok"].tokens[p:p + 1] for b, p in chosen],
+        [blocks[b]["tok"].mask[p:p + 1] for b, p in chosen], self.pad)
+    total = take(lambda blk: blk["scored"].total)
+    lengths = take(lambda blk: blk["out"].lengths)
+    truncated = take(lambda blk: blk["out"].truncated)
+    shaped = np.asarray(objectives.overlong_shaped_rewards(total, lengths, algo.overlong))
+    group_valid = np.array([bool(blocks[b]["informative"][p]) or not algo.dynamic_sampling.enabled
+                            for b, p in chosen])
+    per_function = {name: take(lambda blk, n=name: blk["scored"].per_function[n])
+                    for name in blocks[0]["scored"].per_function}
+    metrics = {f"reward/{k}": float(v.mean()) for k, v in per_function.items()}
+    metrics.update(
+        reward_mean=float(total.mean()), reward_std=float(total.std()),
+        zero_variance_group_frac=float(np.mean(~np.concatenate([b["informative"] for b in blocks]))),
+        response_length_mean=float(lengths.mean()), truncated_frac=float(truncated.mean()),
+        prompts_truncated=float(truncated_prompts))
+    if algo.dynamic_sampling.enabled:
+      metrics.update(dynamic_sampling_rounds=float(rounds),
+                     dynamic_sampling_filler_frac=float(1 - group_valid.mean()))
+    if algo.overlong.enabled:
+      metrics["reward_shaped_mean"] = float(shaped.mean())
+    return Rollout(
+        prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
+        tokens=take(lambda blk: blk["out"].tokens), mask=take(lambda blk: blk["out"].mask),
+        logprobs=take(lambda blk: blk["out"].logprobs), lengths=lengths, truncated=truncated,
+        rewards=shaped.astype(np.float32), group_valid=group_valid, metrics=metrics,
+        position=position, prompts=[blocks[b]["prompts"][p * G] for b, p in chosen],
+        completions=take_list([blocks[b]["completions"][rows(b, p)] for b, p in chosen]))
+
+
+def take_list(parts: list[list]) -> list:
+  return [x for part in parts for x in part]
+
+
+class DatasetRollouts:
+  """SFT: the target completion of each record, tokenised and ended with EOS."""
+
+  def __init__(self, config, tokenizer, batches: Iterator[data.RecordBatch], eos: tuple[int, ...]):
+    if config.sampling.num_samples != 1:
+      raise ValueError(f"config.sampling.num_samples={config.sampling.num_samples}: "
+                       "completions from the dataset give one target per prompt; expected 1")
+    self.config, self.tokenizer, self.batches = config, tokenizer, batches
+    self.eos, self.pad = eos, pad_id(tokenizer)
+
+  def __call__(self, policy, key: jax.Array) -> Rollout:
+    del policy, key
+    batch = next(self.batches)
+    N = self.config.sampling.max_new_tokens
+    tok = data.tokenize_prompts(self.tokenizer, batch.prompts, self.config.data,
+                                self.config.sampling.prompt_buckets, indices=batch.indices)
+    P = len(batch.records)
+    tokens = np.full((P, N), self.pad, np.int32)
+    lengths = np.zeros(P, np.int32)
+    truncated = np.zeros(P, bool)
+    for i, record in enumerate(batch.records):
+      if not isinstance(record.get("completion"), str):
+        raise ValueError(f"record {int(batch.indices[i])} has no string 'completion' field, which "
+                         "config.data.completions='dataset' needs")
+      ids = self.tokenizer.encode(record["completion"], add_special_tokens=False)
+      ids = ids + list(self.eos[:1])
+      truncated[i] = len(ids) > N
+      ids = ids[:N]
+      tokens[i, :len(ids)] = ids
+      lengths[i] = len(ids)
+    mask = (np.arange(N)[None, :] < lengths[:, None]).astype(np.int32)
+    return Rollout(
+        prompt_tokens=tok.tokens, prompt_mask=tok.mask, tokens=tokens, mask=mask, logprobs=None,
+        lengths=lengths, truncated=truncated, rewards=np.ones(P, np.float32),
+        group_valid=np.ones(P, bool),
+        metrics=dict(response_length_mean=float(lengths.mean()),
+                     truncated_frac=float(truncated.mean()),
+                     prompts_truncated=float(tok.num_truncated)),
+        position=batch.position + 1, prompts=batch.prompts,
+        completions=[r["completion"] for r in batch.records])

@@ -1,0 +1,167 @@
+"""Pure update steps: state in, state out; one function serves every algorithm.
+
+A training batch is a dict of arrays, B rows (prompt-major, G rows per prompt):
+  tokens [B, S0 + N], attention_mask [B, S0 + N]: prompt (left-padded) + completion;
+  loss_mask [B, N]: completion tokens that carry loss;
+  old_logp [B, N], advantages [B, N] (or [B]); ref_logp [B, N] when the KL is in the loss;
+  old_values [B, N], returns [B, N] for the value step.
+Which keys exist is decided by `config.algo`, once, in the loop; the steps never look
+at an algorithm's name.
+
+Micro-batches: a minibatch of B rows runs as M pieces of B / M rows (a `lax.scan`),
+gradients summed. The loss normalisers come from the WHOLE minibatch
+(`objectives.batch_counts`) and are handed to every piece, so the summed gradient is
+exactly the minibatch's (see `objectives.aggregation`).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxrl_llm import models, objectives
+from jaxrl_llm.training.state import TrainState
+
+
+def completion_split(batch) -> tuple[int, int]:
+  """(S0, N): prompt and completion lengths of a batch."""
+  N = batch["loss_mask"].shape[1]
+  return batch["tokens"].shape[1] - N, N
+
+
+def _completion_hidden(model: models.Model, batch):
+  """Final hidden states at the positions that predict each completion token: [B, N, D]."""
+  S0, _ = completion_split(batch)
+  mask = batch["attention_mask"]
+  hidden_BLD, _ = models.forward(model, batch["tokens"], models.positions_from_mask(mask), mask,
+                                 return_hidden=True)
+  return hidden_BLD[:, S0 - 1:-1]
+
+
+def completion_logp(model: models.Model, batch, *, temperature: float, chunk_size: int):
+  """`log_softmax(logits / T)` of every completion token and the entropy: [B, N] each.
+
+  The same quantity the sampler reports as behaviour log-prob (before top-k/top-p), in
+  chunks over the sequence so [B, N, V] float32 logits never exist whole.
+  """
+  S0, _ = completion_split(batch)
+  return objectives.chunked_token_logp_and_entropy(
+      _completion_hidden(model, batch), batch["tokens"][:, S0:],
+      functools.partial(models.unembed, model), chunk_size=chunk_size, temperature=temperature)
+
+
+def completion_values(value_model: models.Model, batch):
+  """The critic's V_t for the state before each completion token: [B, N]."""
+  return models.unembed(value_model, _completion_hidden(value_model, batch))
+
+
+# --- micro-batch accumulation ------------------------------------------------------------------
+def _combine(name: str, a, b):
+  if name.endswith("_min"):
+    return jnp.minimum(a, b)
+  if name.endswith("_max"):
+    return jnp.maximum(a, b)
+  return a + b  # the rest are normalised by whole-minibatch counts: they add up
+
+
+def _identity(name: str, x):
+  if name.endswith("_min"):
+    return jnp.full_like(x, jnp.inf)
+  if name.endswith("_max"):
+    return jnp.full_like(x, -jnp.inf)
+  return jnp.zeros_like(x)
+
+
+def accumulate(loss_fn: Callable, params, batch, num_micro: int):
+  """Loss, metrics and gradient of `loss_fn(params, batch)`, over `num_micro` pieces.
+
+  Row i of piece m is row i * M + m of the batch, so with a batch sharded over devices
+  every piece takes an equal share of each device's rows.
+  """
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if num_micro == 1:
+    (loss, metrics), grads = grad_fn(params, batch)
+    return loss, metrics, grads
+
+  def split(x):
+    if x.shape[0] % num_micro:
+      raise ValueError(f"a minibatch of {x.shape[0]} rows does not split into {num_micro} "
+                       "micro-batches")
+    return x.reshape((x.shape[0] // num_micro, num_micro) + x.shape[1:]).swapaxes(0, 1)
+
+  pieces = jax.tree.map(split, batch)
+  first = jax.tree.map(lambda x: x[0], pieces)
+  (_, metrics_shape), _ = jax.eval_shape(grad_fn, params, first)
+
+  def body(carry, piece):
+    loss_acc, metrics_acc, grads_acc = carry
+    (loss, metrics), grads = grad_fn(params, piece)
+    metrics_acc = {k: _combine(k, metrics_acc[k], metrics[k]) for k in metrics_acc}
+    return (loss_acc + loss, metrics_acc, jax.tree.map(jnp.add, grads_acc, grads)), None
+
+  init = (jnp.zeros((), jnp.float32),
+          {k: _identity(k, jnp.zeros(v.shape, v.dtype)) for k, v in metrics_shape.items()},
+          jax.tree.map(jnp.zeros_like, params))
+  (loss, metrics, grads), _ = jax.lax.scan(body, init, pieces)
+  return loss, metrics, grads
+
+
+# --- the steps ---------------------------------------------------------------------------------
+def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, optimizer,
+                temperature: float, chunk_size: int, num_micro: int):
+  """One optimizer update of the policy on one minibatch.
+
+  Args:
+    state: the train state (donated by the caller's jit).
+    batch: the minibatch dict (see the module docstring).
+    model_static: a `Model` whose config/mesh/rules describe the policy (params ignored).
+    algo: `config.algo`.
+    optimizer: the policy's optax transformation.
+    temperature: the sampling temperature the behaviour log-probs used.
+    chunk_size: sequence positions per log-prob chunk.
+    num_micro: micro-batches per minibatch.
+  Returns:
+    (new state, metrics: scalars).
+  """
+  counts = objectives.batch_counts(batch["loss_mask"])
+
+  def loss_fn(params, piece):
+    model = model_static.replace(params=params)
+    logp, entropy = completion_logp(model, piece, temperature=temperature, chunk_size=chunk_size)
+    return objectives.policy_loss(logp, piece["old_logp"], piece["advantages"], piece["loss_mask"],
+                                  algo, ref_logp=piece.get("ref_logp"), entropy=entropy,
+                                  counts=counts)
+
+  loss, metrics, grads = accumulate(loss_fn, state.policy_params, batch, num_micro)
+  updates, policy_opt = optimizer.update(grads, state.policy_opt, state.policy_params)
+  params = optax.apply_updates(state.policy_params, updates)
+  metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
+  return state.replace(policy_params=params, policy_opt=policy_opt), metrics
+
+
+def value_step(state: TrainState, batch, *, model_static: models.Model, algo, optimizer,
+               num_micro: int):
+  """One optimizer update of the critic on one minibatch (PPO's value loss, times coef)."""
+  counts = objectives.batch_counts(batch["loss_mask"])
+
+  def loss_fn(params, piece):
+    values = completion_values(model_static.replace(params=params), piece)
+    loss, metrics = objectives.value_loss(values, piece["old_values"], piece["returns"],
+                                          piece["loss_mask"], algo, counts=counts)
+    return algo.value.coef * loss, dict(metrics, value_loss=loss)
+
+  _, metrics, grads = accumulate(loss_fn, state.value_params, batch, num_micro)
+  updates, value_opt = optimizer.update(grads, state.value_opt, state.value_params)
+  params = optax.apply_updates(state.value_params, updates)
+  metrics = dict(metrics, value_grad_norm=optax.global_norm(grads))
+  return state.replace(value_params=params, value_opt=value_opt), metrics
+
+
+def next_step(state: TrainState) -> TrainState:
+  return state.replace(step=state.step + 1)
+
+
+Batch = dict[str, Any]
