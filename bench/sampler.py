@@ -4,15 +4,26 @@ Workload: Llama architecture, vocab 512, hidden 256, intermediate 768, 4 layers,
 2 KV heads, head_dim 64, float32, random init; 8 prompts of 32 tokens, G = 8 (64 rows),
 exactly 64 new tokens (no EOS), temperature 1.0.
 
-  python bench/sampler.py            # ours and HF generate (needs torch + transformers)
-  python bench/sampler.py --no-hf    # ours only
+  python bench/sampler.py                # ours and HF generate, 3 interleaved rounds
+  python bench/sampler.py --rounds 5     # more rounds
+  python bench/sampler.py --no-hf        # ours only
 
-Prints a table: median seconds per call, tokens/s, the prefill/decode split, compile time,
-and the decode tokens/s ratio against HF measured in this run.
+Fairness. Each measurement runs in its own fresh process that imports only its own framework
+(jax for ours, torch for HF), so neither's thread pool competes with or warms up the other,
+and rounds alternate ours / HF so that load from other processes on the machine hits both
+alike. Every worker warms up (compiles) first, then times `--reps` calls and reports the
+median. The table shows medians over rounds; the ratio is taken per round (same load) and its
+median reported, with the load average seen by each worker.
+
+Prefill/decode split: "prefill" is the same call with one new token (one token chosen, no
+decode step), for both samplers; decode = whole call - prefill, and decode tokens/s counts
+all P*G*N tokens over that decode time.
 """
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,55 +34,100 @@ MODEL = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_
              num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=10000.0,
              rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False)
 P, PROMPT_LEN, G, NEW = 8, 32, 8, 64
+TOKENS = P * G * NEW
 
 
-def _timed(fn, reps):
+def _prompts():
+  rng = np.random.RandomState(0)
+  return [[int(t) for t in rng.randint(4, 99, PROMPT_LEN)] for _ in range(P)]
+
+
+def _median_time(fn, reps):
   times = []
   for _ in range(reps):
     t = time.perf_counter()
     fn()
     times.append(time.perf_counter() - t)
-  return statistics.median(times), times
+  return statistics.median(times)
 
 
-def bench_hf(model, prompts, reps):
+# --- workers: each runs in its own process -----------------------------------------------------
+def worker_hf(path, reps):
   import torch
-  ids = torch.tensor([p for p in prompts for _ in range(G)])
-  kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=NEW,
-            min_new_tokens=NEW, use_cache=True, pad_token_id=0, eos_token_id=2)
-  with torch.inference_mode():
-    run = lambda: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
-    run(), run()  # warm-up
-    return _timed(run, reps)
+  import transformers
+  model = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+  ids = torch.tensor([p for p in _prompts() for _ in range(G)])  # prompt-major, like ours
+
+  def timed(new_tokens):
+    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+              min_new_tokens=new_tokens, use_cache=True, pad_token_id=0, eos_token_id=2)
+    with torch.inference_mode():
+      run = lambda: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
+      t0 = time.perf_counter()
+      run()
+      first = time.perf_counter() - t0
+      run()  # warm-up
+      return _median_time(run, reps), first
+
+  total, _ = timed(NEW)
+  prefill, _ = timed(1)
+  return dict(total=total, prefill=prefill, threads=torch.get_num_threads())  # nothing to compile
 
 
-def bench_ours(path, prompts, reps):
+def worker_ours(path, reps):
   import jax
   from jaxrl_llm import models, sampling
   model = models.from_pretrained(path)
   model = models.Model(jax.device_put(model.params), model.config)
-  settings = sampling.SamplingSettings(num_samples=G, max_new_tokens=NEW, temperature=1.0)
-  sampler = sampling.Sampler(settings)
-  seeds = iter(range(10_000))
-  call = lambda: jax.block_until_ready(sampler(model, prompts, next(seeds)).tokens)
-  t0 = time.perf_counter()
-  call()
-  first = time.perf_counter() - t0
-  call()
-  total, _ = _timed(call, reps)
-  # Prefill alone: the same program with one new token (one token chosen, no decode step).
-  prefill_sampler = sampling.Sampler(sampling.SamplingSettings(num_samples=G, max_new_tokens=1))
-  pre = lambda: jax.block_until_ready(prefill_sampler(model, prompts, next(seeds)).tokens)
-  pre(), pre()
-  prefill, _ = _timed(pre, reps)
-  return dict(total=total, first=first, prefill=prefill, compile=first - total)
+  prompts, seeds = _prompts(), iter(range(10_000))
+
+  def timed(new_tokens):
+    sampler = sampling.Sampler(sampling.SamplingSettings(num_samples=G, max_new_tokens=new_tokens,
+                                                         temperature=1.0))
+    run = lambda: jax.block_until_ready(sampler(model, prompts, next(seeds)).tokens)
+    t0 = time.perf_counter()
+    run()
+    first = time.perf_counter() - t0
+    run()  # warm-up
+    return _median_time(run, reps), first
+
+  total, first = timed(NEW)
+  prefill, _ = timed(1)
+  return dict(total=total, prefill=prefill, compile=first - total)
+
+
+def _spawn(which, path, reps):
+  cmd = [sys.executable, os.path.abspath(__file__), "--worker", which, "--path", path,
+         "--reps", str(reps)]
+  out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+  result = json.loads(out.strip().splitlines()[-1])
+  result["load"] = os.getloadavg()[0]
+  return result
+
+
+# --- driver -------------------------------------------------------------------------------------
+def _row(name, runs):
+  med = lambda key: statistics.median(r[key] for r in runs)
+  total, prefill = med("total"), med("prefill")
+  decode = total - prefill
+  compile_s = f"{med('compile'):.2f}" if "compile" in runs[0] else "-"
+  return (f"| {name} | {total:.3f} | {TOKENS / total:,.0f} | {prefill:.3f} | {decode:.3f} | "
+          f"{TOKENS / decode:,.0f} | {compile_s} |")
 
 
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--no-hf", action="store_true")
   ap.add_argument("--reps", type=int, default=6)
+  ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--worker", choices=("ours", "hf"))
+  ap.add_argument("--path")
   args = ap.parse_args()
+  if args.worker:
+    fn = worker_ours if args.worker == "ours" else worker_hf
+    print(json.dumps(fn(args.path, args.reps)))
+    return 0
+
   import torch
   import transformers
   torch.manual_seed(0)
@@ -79,26 +135,31 @@ def main():
       **MODEL, bos_token_id=1, eos_token_id=2, pad_token_id=0)).eval()
   path = tempfile.mkdtemp()
   hf.save_pretrained(path)
-  rng = np.random.RandomState(0)
-  prompts = [list(rng.randint(4, 99, PROMPT_LEN)) for _ in range(P)]
-  tokens = P * G * NEW
+  del hf
 
-  ours = bench_ours(path, prompts, args.reps)
-  decode = ours["total"] - ours["prefill"]
-  rows = [("jaxrl_llm sampler", ours["total"], tokens / ours["total"],
-           f"{ours['prefill']:.3f}", f"{decode:.3f}", f"{tokens / decode:,.0f}", f"{ours['compile']:.2f}")]
-  if not args.no_hf:
-    hf_total, _ = bench_hf(hf, prompts, args.reps)
-    rows.append(("HF transformers generate", hf_total, tokens / hf_total, "-", "-", "-", "-"))
+  ours, theirs = [], []
+  for r in range(args.rounds):
+    ours.append(_spawn("ours", path, args.reps))
+    if not args.no_hf:
+      theirs.append(_spawn("hf", path, args.reps))
+    print(f"round {r}: ours {TOKENS / ours[-1]['total']:,.0f} tokens/s (load {ours[-1]['load']:.1f})"
+          + ("" if args.no_hf else f", HF {TOKENS / theirs[-1]['total']:,.0f} tokens/s "
+                                    f"(load {theirs[-1]['load']:.1f})"), flush=True)
+
   print(f"\nstandard workload: {P} prompts x {PROMPT_LEN} tokens, G={G}, {NEW} new tokens, "
-        f"float32, {os.cpu_count()} CPUs\n")
-  print("| sampler | median s/call | tokens/s | prefill s | decode s | decode tokens/s | compile s |")
+        f"float32, {os.cpu_count()} CPUs; medians over {args.rounds} rounds of {args.reps} calls\n")
+  print("| sampler | s/call | tokens/s | prefill s | decode s | decode tokens/s | compile s |")
   print("|---|---|---|---|---|---|---|")
-  for name, total, tps, pre, dec, dtps, comp in rows:
-    print(f"| {name} | {total:.3f} | {tps:,.0f} | {pre} | {dec} | {dtps} | {comp} |")
-  if not args.no_hf:
-    print(f"\ntokens/s ratio ours / HF generate: {rows[0][2] / rows[1][2]:.2f}x "
-          f"(decode-only tokens/s vs HF's whole call: {(tokens / decode) / rows[1][2]:.2f}x)")
+  print(_row("jaxrl_llm sampler", ours))
+  if args.no_hf:
+    return 0
+  print(_row(f"HF transformers generate ({theirs[0]['threads']} torch threads)", theirs))
+  whole = [h["total"] / o["total"] for o, h in zip(ours, theirs)]
+  decode = [(h["total"] - h["prefill"]) / (o["total"] - o["prefill"]) for o, h in zip(ours, theirs)]
+  print(f"\nratio ours / HF, per round: whole call {', '.join(f'{x:.2f}x' for x in whole)} "
+        f"(median {statistics.median(whole):.2f}x); decode tokens/s "
+        f"{', '.join(f'{x:.2f}x' for x in decode)} (median {statistics.median(decode):.2f}x)")
+  return 0
 
 
 if __name__ == "__main__":

@@ -178,18 +178,16 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, key, s: Samp
   B = P * G
   S = S0 + N
 
-  # Prefill: each prompt once.
+  # Prefill: each prompt once, into a cache its G samples then share as their prefix.
   positions_PS = models.positions_from_mask(mask_PS)
-  prompt_cache = kv_cache.init_cache(model.config, P, S0, cache[0]["k"].dtype)
+  prompt_cache = kv_cache.init_cache(model.config, P, S0, cache[0]["v"].dtype)
   hidden_PSD, prompt_cache = models.forward(model, tokens_PS, positions_PS, mask_PS, prompt_cache, 0,
                                             return_hidden=True)
   logits_PV = models.unembed(model, hidden_PSD[:, -1:])[:, 0]  # only the last prompt token's
-  # ...shared by its G samples: rows [p*G, (p+1)*G) get prompt p's keys and values.
-  cache = jax.tree.map(lambda buf, kv_PKSd: jax.lax.dynamic_update_slice(
-      buf, jnp.repeat(kv_PKSd, G, axis=0), (0, 0, 0, 0)), cache, prompt_cache)
   if model.mesh is not None:
-    shardings = kv_cache.cache_shardings(model.config, B, S, model.mesh, model.rules)
+    shardings = kv_cache.cache_shardings(model.config, B, N, model.mesh, model.rules)
     cache = jax.lax.with_sharding_constraint(cache, shardings)
+  cache = kv_cache.with_shared_prefix(prompt_cache, cache)
   kv_mask_BS = jnp.zeros((B, S), jnp.int32).at[:, :S0].set(jnp.repeat(mask_PS, G, axis=0))
   next_position_B = jnp.repeat(positions_PS[:, -1] + 1, G)
 
@@ -217,7 +215,7 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, key, s: Samp
   mask_BN = (jnp.arange(N)[None, :] < st.lengths_B[:, None]).astype(jnp.int32)
   out = SampleOutput(tokens=st.tokens_BN, mask=mask_BN, logprobs=st.logprobs_BN,
                      lengths=st.lengths_B, truncated=(st.lengths_B == N) & ~st.done_B)
-  return out, st.cache
+  return out, kv_cache.own_part(st.cache)
 
 
 class Sampler:
@@ -243,11 +241,11 @@ class Sampler:
     if tokens.max() >= model.config.vocab_size or tokens.min() < 0:
       raise ValueError(f"prompt token ids must lie in [0, {model.config.vocab_size}); got "
                        f"[{tokens.min()}, {tokens.max()}]")
-    B, S = len(prompts) * s.num_samples, tokens.shape[1] + s.max_new_tokens
-    shape = kv_cache.layer_shape(model.config, B, S)
+    B, N = len(prompts) * s.num_samples, s.max_new_tokens
+    shape = kv_cache.layer_shape(model.config, B, N)
     if (self._cache is None or len(self._cache) != model.config.num_layers
-        or self._cache[0]["k"].shape != shape):
-      self._cache = self._new_cache(model, B, S)
+        or self._cache[0]["v"].shape != shape):
+      self._cache = self._new_cache(model, B, N)
     if model.mesh is not None:
       batch = sh.named_sharding((sh.BATCH, sh.SEQ), tokens.shape, model.mesh, model.rules)
       tokens, mask = sh.put((tokens, mask), (batch, batch))

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.models import value_head
+from jaxrl_llm.models import kv_cache, value_head
 from jaxrl_llm.models.config import ModelConfig
 
 _init = nn.initializers.normal(stddev=0.02)
@@ -49,15 +49,26 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
   return inv_freq.astype(np.float32)
 
 
-def apply_rope(x_BTNd: jax.Array, positions_BT: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-  """Rotates pairs (d, d + Dh/2) by position * inv_freq (HF's rotate_half layout)."""
+def rope_tables(positions_BT: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+  """cos and sin [B, T, Dh] of position * inv_freq, the angles repeated for both halves."""
   freqs_BTf = positions_BT.astype(jnp.float32)[:, :, None] * inv_freq[None, None, :]  # [B, T, Dh/2]
-  cos = jnp.cos(jnp.concatenate([freqs_BTf, freqs_BTf], -1))[:, :, None, :]  # [B, T, 1, Dh]
-  sin = jnp.sin(jnp.concatenate([freqs_BTf, freqs_BTf], -1))[:, :, None, :]
+  # The halves are repeated by a matmul with [I I], which is exact (one product by 1 per
+  # output) and, unlike a concatenation, cannot be fused into the consumers: XLA would
+  # otherwise recompute cos and sin per element of every rotated tensor in every layer, a
+  # tenth of a CPU decode step. (An optimization_barrier does not stop that fusion on CPU.)
+  half = inv_freq.shape[0]
+  repeat_fd = np.concatenate([np.eye(half, dtype=np.float32)] * 2, axis=1)
+  both_BTd = lambda table_BTf: jnp.einsum("BTf,fd->BTd", table_BTf, repeat_fd,
+                                          precision=jax.lax.Precision.HIGHEST)
+  return both_BTd(jnp.cos(freqs_BTf)), both_BTd(jnp.sin(freqs_BTf))
+
+
+def apply_rope(x_BTNd: jax.Array, cos_BTd: jax.Array, sin_BTd: jax.Array) -> jax.Array:
+  """Rotates pairs (d, d + Dh/2) by the tables' angles (HF's rotate_half layout)."""
   x = x_BTNd.astype(jnp.float32)
   x1, x2 = jnp.split(x, 2, axis=-1)
   rotated = jnp.concatenate([-x2, x1], axis=-1)
-  return (x * cos + rotated * sin).astype(x_BTNd.dtype)
+  return (x * cos_BTd[:, :, None, :] + rotated * sin_BTd[:, :, None, :]).astype(x_BTNd.dtype)
 
 
 def _lead(x: jax.Array, ndim: int) -> jax.Array:
@@ -90,16 +101,19 @@ class Linear(nn.Module):
   dtype: Any
   param_dtype: Any
 
-  @nn.compact
-  def __call__(self, x):
-    kernel = self.param("kernel", nn.with_logical_partitioning(_init, self.kernel_axes),
-                        self.kernel_shape, self.param_dtype)
-    y = jnp.einsum(self.eqn, x.astype(self.dtype), kernel.astype(self.dtype))
+  def setup(self):  # not compact: a parent may read `kernel` and `bias` without calling
+    self.kernel = self.param("kernel", nn.with_logical_partitioning(_init, self.kernel_axes),
+                             self.kernel_shape, self.param_dtype)
+    self.bias = None
     if self.bias_axes is not None:
       shape = self.kernel_shape[len(self.kernel_shape) - len(self.bias_axes):]
-      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_axes),
-                        shape, self.param_dtype)
-      y = y + _lead(bias.astype(self.dtype), y.ndim)
+      self.bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_axes),
+                             shape, self.param_dtype)
+
+  def __call__(self, x):
+    y = jnp.einsum(self.eqn, x.astype(self.dtype), self.kernel.astype(self.dtype))
+    if self.bias is not None:
+      y = y + _lead(self.bias.astype(self.dtype), y.ndim)
     return y
 
 
@@ -110,7 +124,7 @@ class Attention(nn.Module):
   rules: Any = None
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, kv_mask_BS, cache, cache_index):
+  def __call__(self, x_BTD, rope, kv_mask_BS, cache, cache_index):
     cfg = self.cfg
     D, H, K, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
@@ -124,33 +138,32 @@ class Attention(nn.Module):
     if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim, before RoPE
       q_BTHd = RMSNorm(cfg.rms_norm_eps, dt, pdt, sh.HEAD_DIM, name="q_norm")(q_BTHd)
       k_BTKd = RMSNorm(cfg.rms_norm_eps, dt, pdt, sh.HEAD_DIM, name="k_norm")(k_BTKd)
-    inv_freq = rope_inv_freq(cfg)
-    q_BTHd = apply_rope(q_BTHd, positions_BT, inv_freq)
-    k_BTKd = apply_rope(k_BTKd, positions_BT, inv_freq)
+    q_BTHd = apply_rope(q_BTHd, *rope)
+    k_BTKd = apply_rope(k_BTKd, *rope)
 
     B, T = x_BTD.shape[:2]
     k_BKTd, v_BKTd = k_BTKd.transpose(0, 2, 1, 3), v_BTKd.transpose(0, 2, 1, 3)
-    if cache is None:
-      k_BKSd, v_BKSd, new_cache = k_BKTd, v_BKTd, None
+    # GQA: each of the K kv heads serves G = H // K query heads, so both products are plain
+    # batched matmuls over (B, K).
+    G = H // K
+    q_BKGTd = q_BTHd.reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4)
+    if cache is None:  # keys are the current tokens: S == T
+      new_cache = None
+      scores_BKGTS = jnp.einsum("BKGTd,BKSd->BKGTS", q_BKGTd, k_BKTd,
+                                preferred_element_type=jnp.float32)
     else:  # write this step's keys/values at slots [cache_index, cache_index + T), in place
-      start = (0, 0, cache_index, 0)
-      k_BKSd = jax.lax.dynamic_update_slice(cache["k"], k_BKTd.astype(cache["k"].dtype), start)
-      v_BKSd = jax.lax.dynamic_update_slice(cache["v"], v_BKTd.astype(cache["v"].dtype), start)
-      new_cache = {"k": k_BKSd, "v": v_BKSd}
-    S = k_BKSd.shape[2]
+      new_cache = kv_cache.update(cache, k_BKTd, v_BKTd, cache_index)
+      scores_BKGTS = kv_cache.scores(new_cache, q_BKGTd)
+    S = scores_BKGTS.shape[-1]
     q_slot_T = cache_index + jnp.arange(T)
     causal_TS = jnp.arange(S)[None, :] <= q_slot_T[:, None]
     mask_BTS = causal_TS[None, :, :] & kv_mask_BS[:, None, :].astype(bool)
-
-    # GQA: each of the K kv heads serves G = H // K query heads. Keys stay [B, K, S, Dh]
-    # (the cache layout), so both products are plain batched matmuls over (B, K).
-    G = H // K
-    q_BKGTd = q_BTHd.reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4)
-    scores_BKGTS = jnp.einsum("BKGTd,BKSd->BKGTS", q_BKGTd, k_BKSd.astype(dt),
-                              preferred_element_type=jnp.float32) * Dh ** -0.5
-    scores_BKGTS = jnp.where(mask_BTS[:, None, None], scores_BKGTS, _MASKED)
+    scores_BKGTS = jnp.where(mask_BTS[:, None, None], scores_BKGTS * Dh ** -0.5, _MASKED)
     probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(dt)  # softmax in float32
-    out_BKGTd = jnp.einsum("BKGTS,BKSd->BKGTd", probs_BKGTS, v_BKSd.astype(dt))
+    if cache is None:
+      out_BKGTd = jnp.einsum("BKGTS,BKSd->BKGTd", probs_BKGTS, v_BKTd)
+    else:
+      out_BKGTd = kv_cache.mix(new_cache, probs_BKGTS)
     out_BTHd = out_BKGTd.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
     out_BTHd = sh.constrain(out_BTHd, (sh.BATCH, sh.SEQ, sh.HEADS, sh.HEAD_DIM), self.mesh, self.rules)
     o_bias = (sh.EMBED,) if cfg.o_bias else None
@@ -168,8 +181,16 @@ class Mlp(nn.Module):
     cfg = self.cfg
     D, F, dt, pdt = cfg.hidden_size, cfg.intermediate_size, cfg.jnp_dtype, cfg.jnp_param_dtype
     bias_in = (sh.MLP,) if cfg.mlp_bias else None
-    gate_BTF = Linear("BTD,DF->BTF", (D, F), (sh.EMBED, sh.MLP), bias_in, dt, pdt, name="gate_proj")(x_BTD)
-    up_BTF = Linear("BTD,DF->BTF", (D, F), (sh.EMBED, sh.MLP), bias_in, dt, pdt, name="up_proj")(x_BTD)
+    gate = Linear("BTD,DF->BTF", (D, F), (sh.EMBED, sh.MLP), bias_in, dt, pdt, name="gate_proj")
+    up = Linear("BTD,DF->BTF", (D, F), (sh.EMBED, sh.MLP), bias_in, dt, pdt, name="up_proj")
+    # One matmul for both: a [D, 2F] kernel runs faster than two [D, F] ones when B*T is
+    # small (decoding). Stacked on a new axis, not concatenated along F, so that F keeps its
+    # sharding; inside the sampler's loop the stacking is loop-invariant and done once.
+    kernel_DCF = jnp.stack([gate.kernel, up.kernel], axis=1).astype(dt)
+    gate_up_BTCF = jnp.einsum("BTD,DCF->BTCF", x_BTD.astype(dt), kernel_DCF)
+    if cfg.mlp_bias:
+      gate_up_BTCF = gate_up_BTCF + _lead(jnp.stack([gate.bias, up.bias]).astype(dt), 4)
+    gate_BTF, up_BTF = gate_up_BTCF[:, :, 0], gate_up_BTCF[:, :, 1]
     bias_out = (sh.EMBED,) if cfg.mlp_bias else None
     return Linear("BTF,FD->BTD", (F, D), (sh.MLP, sh.EMBED), bias_out, dt, pdt,
                   name="down_proj")(jax.nn.silu(gate_BTF) * up_BTF)
@@ -182,11 +203,11 @@ class Block(nn.Module):
   rules: Any = None
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, kv_mask_BS, cache, cache_index):
+  def __call__(self, x_BTD, rope, kv_mask_BS, cache, cache_index):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
     attn_BTD, cache = Attention(cfg, self.mesh, self.rules, name="attn")(
-        norm("input_norm")(x_BTD), positions_BT, kv_mask_BS, cache, cache_index)
+        norm("input_norm")(x_BTD), rope, kv_mask_BS, cache, cache_index)
     x_BTD = x_BTD + attn_BTD
     x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm("post_attention_norm")(x_BTD))
     x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
@@ -220,9 +241,10 @@ class Transformer(nn.Module):
                return_hidden=False):
     x_BTD = jnp.take(self.embed, tokens_BT, axis=0).astype(self.cfg.jnp_dtype)
     x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
+    rope = rope_tables(positions_BT, rope_inv_freq(self.cfg))  # shared by all layers
     new_cache = []
     for i, layer in enumerate(self.layers):
-      x_BTD, layer_cache = layer(x_BTD, positions_BT, kv_mask_BS,
+      x_BTD, layer_cache = layer(x_BTD, rope, kv_mask_BS,
                                  None if cache is None else cache[i], cache_index)
       new_cache.append(layer_cache)
     x_BTD = self.final_norm(x_BTD)
