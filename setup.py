@@ -8,6 +8,8 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=setuptools.find_packages(include=["jaxrl_llm", "jaxrl_llm.*", "configs", "launch"]),
+    # The demo's warm-start checkpoint (HF format + tokenizer), a few MB.
+    package_data={"jaxrl_llm": ["assets/*/*"]},
     python_requires=">=3.10",
     # No jax[tpu]/jax[cuda] pin: the same package installs on CPU, GPU and TPU.
     # Add the accelerator extra yourself (see README).
@@ -28,7 +30,9 @@ setuptools.setup(
     entry_points={"console_scripts": ["jaxrl-llm-train=launch.train:run"]},
     extras_require={
         # torch is pinned: 2.13.0 is a CPU wheel on our CI machines; parity tests only.
-        "test": ["pytest", "torch==2.13.0", "tensorflow-datasets", "importlib_resources"],
+        "test": ["pytest", "torch==2.13.0", "tensorflow-datasets", "importlib_resources",
+                 "matplotlib"],
         "tfds": ["tensorflow-datasets", "importlib_resources"],
+        "demo": ["matplotlib"],
     },
 )

@@ -267,3 +267,4 @@ def save_params(tensors: Iterator[tuple[str, np.ndarray]], path: str,
       os.remove(os.path.join(path, f))
   for tmp, dst in final:
     os.replace(tmp, dst)
+    os.chmod(dst, 0o644)  # an exported model is for others to read

@@ -259,6 +259,10 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
   writer = metrics_lib.MetricsWriter(workdir, config.logging, t.steps, start)
   row: dict[str, float] = {}
   try:
+    if evaluator is not None and start == 0:  # the starting point, as step 0
+      row = evaluator(as_policy(state))
+      writer.print(evaluator.table_row(0, row))
+      writer.write(0, row)
     for step in range(start, t.steps):
       t_step = time.perf_counter()
       key = jax.random.fold_in(jax.random.PRNGKey(config.seed), step)
@@ -358,5 +362,8 @@ class Evaluator:
 
   @staticmethod
   def table_row(step: int, row: dict[str, float]) -> str:
-    return (f"step {step:5d} | eval accuracy {row['eval/accuracy']:.3f} | "
-            f"train reward {row.get('reward_mean', float('nan')):.3f}")
+    text = f"step {step:5d} | held-out accuracy {row['eval/accuracy']:.3f}"
+    for key, name in (("reward_mean", "train reward"), ("loss", "loss")):
+      if key in row:
+        text += f" | {name} {row[key]:.3f}"
+    return text
