@@ -6,14 +6,17 @@ out = sampling.generate(model, prompts, num_samples=G, max_new_tokens=N,
                         temperature=1.0, top_k=0, top_p=1.0, eos_ids=(...), seed=0)
 ```
 
-One jitted program per (model, prompt bucket, settings): prefill the P prompts once, copy
-each prompt's KV cache into the rows of its G samples, then a `lax.while_loop` decodes one
-token for all B = P*G rows per step until every row has finished (EOS or N tokens).
+One jitted program per (model, prompt bucket, settings): prefill the P prompts once, into a
+KV cache that the G samples of each prompt then share as a read-only prefix (`kv_cache`'s
+shared-prefix layout: the prompt's keys and values are read once per prompt, not once per
+row), then a `lax.while_loop` decodes one token for all B = P*G rows per step until every row
+has finished (EOS or N tokens).
 
 Prompts are left-padded to the smallest bucket length that holds the longest one, so a new
-prompt length inside a bucket reuses the compiled program. The KV cache buffer
-(one [B, K, S0 + N, Dh] per layer) lives in a `Sampler` between calls and is donated to each call:
-its slots are rewritten in place, never reallocated.
+prompt length inside a bucket reuses the compiled program. The rows' own KV buffers (keys
+[B, K, Dh, N], values [B, K, N, Dh] per layer, one slot per generated token) live in a
+`Sampler` between calls and are donated to each call: their slots are rewritten in place,
+never reallocated.
 
 Behaviour log-prob: for each sampled token, `log_softmax(logits / temperature)` of the
 full vocabulary, taken BEFORE top-k / top-p truncation. This is the quantity the trainer

@@ -4,9 +4,9 @@ One Flax module covers Llama 3, Qwen2 and Qwen3 (see `ModelConfig`). Layers are 
 loop over separate blocks (`layers_0`, `layers_1`, ...), each with its own KV-cache buffer:
 a decode step then updates every buffer in place and reads it where it lies. (A scan over
 stacked layers copies each layer's cache slice in and out on every step, which made
-decoding 3x slower on CPU.) Attention always reads keys from a buffer of length
-S: the current tokens themselves (S == T, no cache) or a preallocated KV cache [B, K, S, Dh],
-written at `cache_index`. A query at slot i sees key slot j iff j <= i and `kv_mask[b, j]`, so
+decoding 3x slower on CPU.) Attention reads keys from S slots: the current tokens themselves
+(S == T, no cache) or a preallocated KV cache written at `cache_index` (layouts, including
+the sampler's shared prompt prefix, in `kv_cache`). A query at slot i sees key slot j iff j <= i and `kv_mask[b, j]`, so
 left-padded prompts give the same values for their real tokens as unpadded ones.
 """
 from __future__ import annotations
@@ -197,7 +197,7 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-  """Pre-norm residual block; the scan carry is the residual stream, the cache a scanned input."""
+  """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x))."""
   cfg: ModelConfig
   mesh: Mesh | None = None
   rules: Any = None
