@@ -8,8 +8,12 @@ Run:
   make demo                       # sets itself up, then runs the command below
   python -m launch.demo --workdir=workdir/demo
   python -m launch.train --config=configs/grpo_arithmetic.py --workdir=/tmp/grpo_arith
-Hardware: 2 CPU cores, under 10 minutes.
-Expected result: held-out accuracy rises from the warm start's ~0.3 to 0.6 or more.
+Hardware: 2 CPU cores, about 4 minutes.
+Expected result (measured, seed 0): NOT yet the intended rise. Held-out greedy accuracy
+starts at 0.27 and stays within 0.24-0.28 over 100 steps; the sampled train reward
+rises only slowly (exact match 0.21 -> 0.23 over 120 steps at lr 1e-4). Larger learning
+rates (3e-4, 1e-3) move this 0.6M-parameter model a lot per Adam step and lower the
+accuracy instead. TODO(issue 6): a warm start / task / recipe where RL visibly learns.
 """
 from configs import common
 from configs import grpo
@@ -18,7 +22,7 @@ from jaxrl_llm import assets
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, steps=60, runlocal=False)
+  arg = common.parse_arg(arg, steps=100, runlocal=False)
   config = grpo.get_config()
   config.model.path = assets.path("arithmetic_sft")
   config.data.source = "task:arithmetic"
@@ -28,11 +32,12 @@ def get_config(arg=None):
   config.sampling.max_prompt_len = 16
   config.sampling.prompt_buckets = (16,)
   config.train.steps = arg.steps
-  config.train.prompts_per_step = 16
-  config.train.micro_batch_size = 128
+  config.train.prompts_per_step = 64
+  config.train.micro_batch_size = 256
   config.train.eval_every = 10
   config.train.logprob_chunk_size = 4
-  config.optimizer.lr = 3e-4
+  config.optimizer.lr = 1e-4  # 3e-4 and up: each Adam step moves this tiny model too far
+  config.optimizer.warmup_steps = 5
   config.checkpoint.every = 20
   if arg.runlocal:
     config.train.steps, config.train.prompts_per_step, config.train.eval_every = 2, 4, 0
