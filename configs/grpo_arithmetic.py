@@ -8,12 +8,12 @@ Run:
   make demo                       # sets itself up, then runs the command below
   python -m launch.demo --workdir=workdir/demo
   python -m launch.train --config=configs/grpo_arithmetic.py --workdir=/tmp/grpo_arith
-Hardware: 2 CPU cores, about 4 minutes.
-Expected result (measured, seed 0): NOT yet the intended rise. Held-out greedy accuracy
-starts at 0.27 and stays within 0.24-0.28 over 100 steps; the sampled train reward
-rises only slowly (exact match 0.21 -> 0.23 over 120 steps at lr 1e-4). Larger learning
-rates (3e-4, 1e-3) move this 0.6M-parameter model a lot per Adam step and lower the
-accuracy instead. TODO(issue 6): a warm start / task / recipe where RL visibly learns.
+Hardware: 2 CPU cores, about 7.5 minutes.
+Expected result (measured, seed 0, 500 steps): the sampled train exact-match rate rises
+steadily (means over 50 steps: 0.216, 0.233, ..., 0.272), held-out greedy accuracy only
+from 0.27 to 0.31, most of it in the last 150 steps. Larger learning rates (3e-4, 1e-3)
+move this 0.6M-parameter model too far per Adam step and lower the accuracy instead.
+TODO(issue 6): a warm start / task / recipe where held-out accuracy rises by a wide margin.
 """
 from configs import common
 from configs import grpo
@@ -22,7 +22,7 @@ from jaxrl_llm import assets
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, steps=100, runlocal=False)
+  arg = common.parse_arg(arg, steps=500, runlocal=False)
   config = grpo.get_config()
   config.model.path = assets.path("arithmetic_sft")
   config.data.source = "task:arithmetic"
@@ -34,11 +34,11 @@ def get_config(arg=None):
   config.train.steps = arg.steps
   config.train.prompts_per_step = 64
   config.train.micro_batch_size = 256
-  config.train.eval_every = 10
+  config.train.eval_every = 50
   config.train.logprob_chunk_size = 4
   config.optimizer.lr = 1e-4  # 3e-4 and up: each Adam step moves this tiny model too far
   config.optimizer.warmup_steps = 5
-  config.checkpoint.every = 20
+  config.checkpoint.every = 100
   if arg.runlocal:
     config.train.steps, config.train.prompts_per_step, config.train.eval_every = 2, 4, 0
     config.train.micro_batch_size = 32
