@@ -50,6 +50,12 @@ DEFAULT_RULES = (
 Rules = Sequence[tuple[str, Any]]
 
 
+def freeze_rules(rules: Rules | None) -> tuple | None:
+  """Rules as nested tuples (hashable, so a `Model` holding them can be a jit static)."""
+  return None if rules is None else tuple(
+      (name, tuple(axes) if isinstance(axes, (list, tuple)) else axes) for name, axes in rules)
+
+
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
   """Builds the (data, fsdp, tensor) mesh from `config.mesh`.
 

@@ -75,25 +75,20 @@ def param_shardings(cfg: ModelConfig, mesh: Mesh, rules):
   return nn.unbox(sh.infer_shardings(abstract, mesh, rules))
 
 
-def _freeze_rules(rules):
-  return None if rules is None else tuple(
-      (name, tuple(axes) if isinstance(axes, (list, tuple)) else axes) for name, axes in rules)
-
-
 def init(cfg: ModelConfig, rng: jax.Array, mesh: Mesh | None = None,
          rules=sh.DEFAULT_RULES) -> Model:
   """A randomly initialised model; with a mesh, its parameters are created already sharded."""
   if mesh is None:
     params = nn.unbox(jax.jit(functools.partial(_boxed_init, cfg))(rng))
     return Model(params, cfg)
-  rules = _freeze_rules(rules)
+  rules = sh.freeze_rules(rules)
   params, _ = sh.init_sharded(functools.partial(_boxed_init, cfg, rng), mesh, rules)
   return Model(params, cfg, mesh, rules)
 
 
 def place(model: Model, mesh: Mesh, rules=sh.DEFAULT_RULES) -> Model:
   """The same model with its parameters sharded on `mesh` by `rules`."""
-  rules = _freeze_rules(rules)
+  rules = sh.freeze_rules(rules)
   params = sh.put(model.params, param_shardings(model.config, mesh, rules))
   return Model(params, model.config, mesh, rules)
 

@@ -190,7 +190,7 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
   mesh = sh.make_mesh(config.mesh, devices)
-  rules = models._freeze_rules(config.mesh.rules)  # pylint: disable=protected-access
+  rules = sh.freeze_rules(config.mesh.rules)
   tokenizer, policy = load_tokenizer_and_policy(config, mesh, rules)
   eos, pad = rollout_lib.eos_ids(tokenizer, policy.config), rollout_lib.pad_id(tokenizer)
   reference = (policy.replace(params=jax.tree.map(jnp.copy, policy.params))
@@ -351,7 +351,7 @@ class Evaluator:
       tok = data.tokenize_prompts(self.tokenizer, batch.prompts, self.config.data,
                                   self.config.sampling.prompt_buckets, indices=batch.indices)
       out = jax.device_get(self.sampler(policy, tok.token_lists, 0))
-      completions = rollout_lib._decode(self.tokenizer, out.tokens, out.lengths)  # pylint: disable=protected-access
+      completions = rollout_lib.decode_completions(self.tokenizer, out.tokens, out.lengths)
       scored = self.reward_set(batch.prompts, completions, **batch.fields())
       for name, v in [("total", scored.total), *scored.per_function.items()]:
         values.setdefault(name, []).append(v[batch.valid])

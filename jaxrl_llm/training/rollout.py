@@ -66,7 +66,8 @@ def pad_id(tokenizer) -> int:
   return 0
 
 
-def _decode(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
+def decode_completions(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
+  """Each row's first `length` tokens as text, special tokens (EOS) dropped."""
   return tokenizer.batch_decode([row[:n].tolist() for row, n in zip(tokens, lengths)],
                                 skip_special_tokens=True)
 
@@ -109,7 +110,7 @@ class SampledRollouts:
       out = jax.device_get(self.sampler(policy, tok.token_lists, jax.random.fold_in(key, r)))
       prompts = [p for p in batch.prompts for _ in range(G)]
       t0 = time.perf_counter()
-      completions = _decode(self.tokenizer, out.tokens, out.lengths)
+      completions = decode_completions(self.tokenizer, out.tokens, out.lengths)
       scored = self.reward_set(prompts, completions, **batch.fields(repeat=G))
       reward_time += time.perf_counter() - t0
       P = len(batch.records)
