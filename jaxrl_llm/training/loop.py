@@ -198,7 +198,9 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
   value = models.value_model(policy) if uses_value_model(algo) else None
 
   updates_per_step = algo.num_iterations * algo.num_minibatches
-  optimizer = state_lib.make_optimizer(config.optimizer, t.steps * updates_per_step)
+  # One schedule: the optimizer follows it and the `lr` metric reads it.
+  schedule = state_lib.make_schedule(config.optimizer, t.steps * updates_per_step)
+  optimizer = state_lib.make_optimizer(config.optimizer, schedule)
   state = state_lib.init_state(policy.params, None if value is None else value.params,
                                optimizer, optimizer, config.seed)
   # Parameters and optimizer moments are already sharded; counters and the key replicate.
@@ -206,7 +208,6 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
       lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding)
       else sh.replicated(mesh), state))
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
-  schedule = state_lib.make_schedule(config.optimizer, t.steps * updates_per_step)
 
   ckpt = checkpoints.Checkpointer(workdir, config.checkpoint)
   fingerprint = _fingerprint(policy, value is not None)

@@ -63,13 +63,13 @@ def make_schedule(opt_cfg, total_updates: int) -> optax.Schedule:
                                optax.constant_schedule(opt_cfg.lr)], [warmup])
 
 
-def make_optimizer(opt_cfg, total_updates: int) -> optax.GradientTransformation:
-  """AdamW with global-norm clipping and the schedule of `config.optimizer`."""
+def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransformation:
+  """AdamW with global-norm clipping, following `schedule` (from `make_schedule`)."""
   check_optimizer_config(opt_cfg)
   parts = []
   if opt_cfg.grad_clip_norm > 0:
     parts.append(optax.clip_by_global_norm(opt_cfg.grad_clip_norm))
-  parts.append(optax.adamw(make_schedule(opt_cfg, total_updates), b1=opt_cfg.b1, b2=opt_cfg.b2,
+  parts.append(optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2,
                            eps=opt_cfg.eps, weight_decay=opt_cfg.weight_decay))
   return optax.chain(*parts)
 
