@@ -27,6 +27,7 @@ from jaxrl_llm.training import metrics as metrics_lib
 from jaxrl_llm.training import rollout as rollout_lib
 from jaxrl_llm.training import state as state_lib
 from jaxrl_llm.training import steps
+from jaxrl_llm.training import validation
 
 
 # --- set-up helpers ------------------------------------------------------------------------------
@@ -36,36 +37,6 @@ def uses_reference(algo) -> bool:
 
 def uses_value_model(algo) -> bool:
   return algo.value.coef > 0
-
-
-def validate_config(config) -> None:
-  """Every check that needs no data or model, before anything is loaded."""
-  objectives.validate_algo(config.algo, config.sampling.num_samples)
-  state_lib.check_optimizer_config(config.optimizer)
-  t, algo, G = config.train, config.algo, config.sampling.num_samples
-  positive = {"train.steps": t.steps, "train.prompts_per_step": t.prompts_per_step,
-              "train.micro_batch_size": t.micro_batch_size, "sampling.num_samples": G,
-              "sampling.max_new_tokens": config.sampling.max_new_tokens,
-              "algo.num_iterations": algo.num_iterations,
-              "algo.num_minibatches": algo.num_minibatches,
-              "train.logprob_chunk_size": t.logprob_chunk_size}
-  for name, value in positive.items():
-    if int(value) < 1:
-      raise ValueError(f"config.{name}={value}: expected a positive integer")
-  B = t.prompts_per_step * G
-  if B % algo.num_minibatches:
-    raise ValueError(f"config.algo.num_minibatches={algo.num_minibatches} does not divide the "
-                     f"rollout batch of {B} sequences (train.prompts_per_step x sampling.num_samples)")
-  mb = B // algo.num_minibatches
-  if mb % min(t.micro_batch_size, mb):
-    raise ValueError(f"config.train.micro_batch_size={t.micro_batch_size} does not divide the "
-                     f"minibatch of {mb} sequences")
-  if config.data.completions not in rollout_lib.COMPLETION_SOURCES:
-    raise ValueError(f"config.data.completions={config.data.completions!r}: expected one of "
-                     f"{list(rollout_lib.COMPLETION_SOURCES)}")
-  if t.prompts_per_step % jax.process_count():
-    raise ValueError(f"config.train.prompts_per_step={t.prompts_per_step} is not divisible by the "
-                     f"{jax.process_count()} processes")
 
 
 def load_tokenizer_and_policy(config, mesh, rules):
@@ -101,17 +72,6 @@ def _fingerprint(policy: models.Model, with_value: bool) -> dict[str, Any]:
   return {"model": {k: v for k, v in dataclasses.asdict(c).items()
                     if k not in ("remat", "bos_token_id", "eos_token_id", "pad_token_id")},
           "value_model": with_value}
-
-
-def _check_writable(workdir: str) -> None:
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, ".write_test")
-    with open(probe, "w") as f:
-      f.write("ok")
-    os.remove(probe)
-  except OSError as e:
-    raise ValueError(f"workdir {workdir!r} cannot be written: {e}") from e
 
 
 def _batch_arrays(r: rollout_lib.Rollout, G: int, mask_truncated: bool) -> dict[str, np.ndarray]:
@@ -182,8 +142,8 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
     devices: the devices of the mesh (default: all devices of all processes).
   """
   # ---------------------------------------------------------------- Set-up
-  validate_config(config)
-  _check_writable(workdir)
+  validation.validate_config(config)
+  validation.check_writable(workdir)
   algo, t, s = config.algo, config.train, config.sampling
   G, P, N = s.num_samples, t.prompts_per_step, s.max_new_tokens
   if jax.process_index() == 0:
