@@ -142,7 +142,7 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
     devices: the devices of the mesh (default: all devices of all processes).
   """
   # ---------------------------------------------------------------- Set-up
-  validation.validate_config(config)
+  validation.validate_config(config, devices)
   validation.check_writable(workdir)
   algo, t, s = config.algo, config.train, config.sampling
   G, P, N = s.num_samples, t.prompts_per_step, s.max_new_tokens

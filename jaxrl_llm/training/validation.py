@@ -13,8 +13,13 @@ from jaxrl_llm.training import rollout as rollout_lib
 from jaxrl_llm.training import state as state_lib
 
 
-def validate_config(config) -> None:
-  """Every check that needs no data or model, before anything is loaded."""
+def validate_config(config, devices=None) -> None:
+  """Every check that needs no data or model, before anything is loaded.
+
+  Args:
+    config: the full config.
+    devices: the devices of the mesh (default: all devices of all processes).
+  """
   objectives.validate_algo(config.algo, config.sampling.num_samples)
   state_lib.check_optimizer_config(config.optimizer)
   t, algo, G = config.train, config.algo, config.sampling.num_samples
