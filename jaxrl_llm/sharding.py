@@ -76,14 +76,17 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
   if len(rest) > 1:
     raise ValueError(f"config.mesh: only one axis may be -1, got {rest}")
   known = math.prod(s for s in shape.values() if s != -1)
+  sizes = ", ".join(f"{a}={s}" for a, s in shape.items())
   if rest:
     if len(devices) % known:
-      raise ValueError(f"config.mesh {shape}: the other axes ({known} devices) do not divide "
-                       f"the {len(devices)} devices")
+      raise ValueError(f"config.mesh ({sizes}): the other axes ({known} devices) do not divide "
+                       f"the {len(devices)} devices; expected sizes whose product divides "
+                       f"{len(devices)}")
     shape[rest[0]] = len(devices) // known
   if math.prod(shape.values()) != len(devices):
-    raise ValueError(f"config.mesh {shape} needs {math.prod(shape.values())} devices; "
-                     f"there are {len(devices)}")
+    raise ValueError(f"config.mesh ({sizes}) needs {math.prod(shape.values())} devices; there "
+                     f"are {len(devices)}: expected sizes whose product is {len(devices)} "
+                     "(or one axis -1 for the rest)")
   dims = tuple(shape[a] for a in MESH_AXES)
   try:
     device_array = mesh_utils.create_device_mesh(dims, devices)

@@ -48,5 +48,6 @@ def read_jsonl(path: str) -> list[dict]:
                          f"{type(record['prompt']).__name__}, not a string.")
       records.append(record)
   if not records:
-    raise ValueError(f"JSONL data file {path!r} holds no records.")
+    raise ValueError(f"JSONL data file {path!r} holds no records: expected one JSON object with "
+                     "a 'prompt' field per line.")
   return records

@@ -52,15 +52,21 @@ def load_dataset(data_cfg, split: str, *,
       dataset (the message names the source).
   """
   kind, argument = parse_source(data_cfg.source)
-  if kind == "task":
-    dataset = tasks.load_split(argument, split, **dict(task_options or {}))
-  elif kind == "jsonl":
-    dataset = jsonl.read_jsonl(argument.replace("{split}", split))
-  else:
-    name, _, fixed_split = argument.partition(":")
-    dataset = tfds_source.TfdsDataset(name, fixed_split or split, data_cfg.tfds_data_dir)
+  where = f"config.data.source={data_cfg.source!r} (split {split!r})"
+  try:
+    if kind == "task":
+      dataset = tasks.load_split(argument, split, **dict(task_options or {}))
+    elif kind == "jsonl":
+      dataset = jsonl.read_jsonl(argument.replace("{split}", split))
+    else:
+      name, _, fixed_split = argument.partition(":")
+      dataset = tfds_source.TfdsDataset(name, fixed_split or split, data_cfg.tfds_data_dir)
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f"{where}: {e}") from e
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from e
   if len(dataset) == 0:
-    raise ValueError(f"Data source {data_cfg.source!r} (split {split!r}) has no records.")
+    raise ValueError(f"{where} has no records: expected at least one.")
   return dataset
 
 
@@ -78,6 +84,7 @@ def load_demonstrations(data_cfg, split: str, *,
   dataset = load_dataset(data_cfg, split)
   first = dataset[0]
   if not isinstance(first.get("completion"), str):
-    raise ValueError(f"Data source {data_cfg.source!r} has no string 'completion' field "
-                     f"for SFT (fields: {sorted(first)}).")
+    raise ValueError(f"config.data.source={data_cfg.source!r} has no string 'completion' field, "
+                     "which SFT (config.data.completions='dataset') expects in every record "
+                     f"(fields: {sorted(first)}).")
   return dataset

@@ -102,10 +102,7 @@ class _SafetensorsDir:
     elif os.path.exists(single):
       files = [WEIGHTS_FILE]
     else:
-      found = sorted(os.listdir(path))
-      raise FileNotFoundError(
-          f"no weights in {path!r}: expected {WEIGHTS_FILE} or {INDEX_FILE} (safetensors); "
-          f"the directory holds {found[:10]}")
+      raise FileNotFoundError(_no_weights(path))
     self.entries: dict[str, tuple[str, Any, tuple[int, ...], int]] = {}
     for name in files:
       file = os.path.join(path, name)
@@ -134,15 +131,33 @@ class _SafetensorsDir:
     return np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
+def _no_weights(path: str) -> str:
+  return (f"no weights in {path!r}: expected {WEIGHTS_FILE} or {INDEX_FILE} (safetensors); "
+          f"the directory holds {sorted(os.listdir(path))[:10]}")
+
+
 def read_config(path: str) -> dict[str, Any]:
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"model path {path!r} is not a directory (expected a local Hugging "
-                            f"Face model directory with {CONFIG_FILE} and safetensors weights)")
+    raise FileNotFoundError(f"model path {path!r} does not exist or is not a directory (expected "
+                            f"a local Hugging Face model directory with {CONFIG_FILE} and "
+                            "safetensors weights)")
   file = os.path.join(path, CONFIG_FILE)
   if not os.path.exists(file):
-    raise FileNotFoundError(f"{path!r} has no {CONFIG_FILE}: not a Hugging Face model directory")
+    raise FileNotFoundError(f"{path!r} has no {CONFIG_FILE}: not a Hugging Face model directory "
+                            f"(it holds {sorted(os.listdir(path))[:10]})")
   with open(file) as f:
-    return json.load(f)
+    try:
+      return json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{file!r} is not valid JSON ({e})") from e
+
+
+def check_model_dir(path: str) -> dict[str, Any]:
+  """The `config.json` of `path`, after checking that safetensors weights sit beside it."""
+  hf_config = read_config(path)
+  if not any(os.path.exists(os.path.join(path, f)) for f in (WEIGHTS_FILE, INDEX_FILE)):
+    raise FileNotFoundError(_no_weights(path))
+  return hf_config
 
 
 def layer_name(i: int) -> str:

@@ -146,29 +146,29 @@ def _sample_text(prompts, completions, i) -> str:
 def _call_checked(path, fn, prompts, completions, fields) -> np.ndarray:
   """Calls one reward function and validates its values; float32 [B]."""
   size = len(prompts)
+  who = f"Reward function {path!r} (config.rewards.functions)"
   try:
     values = fn(list(prompts), list(completions), **{k: list(v) for k, v in fields.items()})
   except Exception as e:  # pylint: disable=broad-except
     i = _first_failing_sample(fn, prompts, completions, fields)
     where = (f"on sample {i} ({_sample_text(prompts, completions, i)})" if i is not None
              else f"on a batch of {size} samples (no single sample fails alone)")
-    raise RewardError(f"Reward function {path!r} raised {type(e).__name__}: {e} "
-                      f"{where}.") from e
+    raise RewardError(f"{who} raised {type(e).__name__}: {e} {where}.") from e
   if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
-    raise RewardError(f"Reward function {path!r} returned a {type(values).__name__}, "
-                      f"not a list of {size} floats (one per sample).")
+    raise RewardError(f"{who} returned a {type(values).__name__}, not a list of {size} floats "
+                      "(one per sample).")
   values = list(values)
   if len(values) != size:
     detail = (f"; the values stop before sample {len(values)} "
               f"({_sample_text(prompts, completions, len(values))})"
               if len(values) < size else "")
-    raise RewardError(f"Reward function {path!r} returned {len(values)} values for "
-                      f"{size} samples{detail}.")
+    raise RewardError(f"{who} returned {len(values)} values for {size} samples{detail}; "
+                      "expected one per sample.")
   for i, v in enumerate(values):
     # bools count as 0/1; float32 must hold the value too (1e39 would become inf).
     ok = isinstance(v, (numbers.Real, np.bool_))
     if not ok or not abs(float(v)) <= _FLOAT32_MAX:  # also False for nan
-      raise RewardError(f"Reward function {path!r} returned {v!r} for sample {i} "
+      raise RewardError(f"{who} returned {v!r} for sample {i} "
                         f"({_sample_text(prompts, completions, i)}); rewards must be "
                         "finite real numbers.")
   return np.asarray(values, np.float32)

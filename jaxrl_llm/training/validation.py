@@ -4,11 +4,19 @@ what was expected, not an hour into a run.
 """
 from __future__ import annotations
 
+import difflib
 import os
 
 import jax
+import ml_collections
 
+from configs import common as config_schema
 from jaxrl_llm import objectives
+from jaxrl_llm import sharding as sh
+from jaxrl_llm.data import char_tokenizer
+from jaxrl_llm.data import prompts as prompts_lib
+from jaxrl_llm.models import config as model_config
+from jaxrl_llm.models import load as model_load
 from jaxrl_llm.training import rollout as rollout_lib
 from jaxrl_llm.training import state as state_lib
 
@@ -20,6 +28,7 @@ def validate_config(config, devices=None) -> None:
     config: the full config.
     devices: the devices of the mesh (default: all devices of all processes).
   """
+  check_known_keys(config)
   objectives.validate_algo(config.algo, config.sampling.num_samples)
   state_lib.check_optimizer_config(config.optimizer)
   t, algo, G = config.train, config.algo, config.sampling.num_samples
@@ -43,11 +52,80 @@ def validate_config(config, devices=None) -> None:
   if config.data.completions not in rollout_lib.COMPLETION_SOURCES:
     raise ValueError(f"config.data.completions={config.data.completions!r}: expected one of "
                      f"{list(rollout_lib.COMPLETION_SOURCES)}")
+  if config.data.prompt_overflow not in prompts_lib.OVERFLOW_MODES:
+    raise ValueError(f"config.data.prompt_overflow={config.data.prompt_overflow!r}: expected one "
+                     f"of {list(prompts_lib.OVERFLOW_MODES)}")
   if t.prompts_per_step % jax.process_count():
     raise ValueError(f"config.train.prompts_per_step={t.prompts_per_step} is not divisible by the "
-                     f"{jax.process_count()} processes")
+                     f"{jax.process_count()} processes: expected a multiple of "
+                     f"{jax.process_count()} (each process loads its own share of the prompts)")
+  _check_mesh(config, devices)
+  _check_model(config.model)
 
 
+# --- keys -----------------------------------------------------------------------------------------
+def _is_group(value) -> bool:
+  return isinstance(value, (ml_collections.ConfigDict, dict))
+
+
+def check_known_keys(config, schema=None) -> None:
+  """Raises if `config`'s keys differ from the schema's (default `base_config()`).
+
+  A locked preset already rejects a misspelt key when it is set; a config built unlocked
+  (or by hand) does not, and the trainer would silently ignore the typo. A group that is
+  empty in the schema (`data.task_options`) takes any keys.
+  """
+  errors: list[str] = []
+  _compare_keys(config, config_schema.base_config() if schema is None else schema, "config",
+                errors)
+  if errors:
+    raise ValueError("\n".join(errors))
+
+
+def _compare_keys(config, schema, prefix: str, errors: list[str]) -> None:
+  for key in config.keys():
+    name = f"{prefix}.{key}"
+    if key not in schema:
+      close = difflib.get_close_matches(key, list(schema.keys()), n=1)
+      hint = (f"did you mean {prefix}.{close[0]}?" if close
+              else f"expected one of {sorted(schema.keys())}")
+      errors.append(f"{name} is not a known key; {hint}")
+    elif _is_group(schema[key]) and len(schema[key]):
+      if _is_group(config[key]):
+        _compare_keys(config[key], schema[key], name, errors)
+      else:
+        errors.append(f"{name}={config[key]!r}: expected a group with keys "
+                      f"{sorted(schema[key].keys())}")
+  for key in schema.keys():
+    if key not in config:
+      errors.append(f"{prefix}.{key} is missing; configs.common.base_config() sets it")
+
+
+# --- mesh ----------------------------------------------------------------------------------------
+def _check_mesh(config, devices) -> None:
+  mesh = sh.make_mesh(config.mesh, devices)  # raises for a shape that does not fit the devices
+  sh.logical_to_spec((sh.BATCH,), (1,), mesh, sh.freeze_rules(config.mesh.rules))  # unknown axes
+
+
+# --- model and tokenizer --------------------------------------------------------------------------
+def _check_model(m) -> None:
+  if m.path:
+    try:
+      model_config.from_hf_dict(model_load.check_model_dir(m.path))
+    except (OSError, ValueError) as e:
+      error = FileNotFoundError if isinstance(e, OSError) else ValueError
+      raise error(f"config.model.path={m.path!r}: {e}") from e
+  if m.tokenizer_path and not os.path.isdir(m.tokenizer_path):
+    raise FileNotFoundError(f"config.model.tokenizer_path={m.tokenizer_path!r} is not a "
+                            "directory: expected a local tokenizer directory ('' = model.path)")
+  needed = len(char_tokenizer.vocab())
+  if not m.path and not m.tokenizer_path and m.arch.vocab_size < needed:
+    raise ValueError(f"config.model.arch.vocab_size={m.arch.vocab_size} is smaller than the "
+                     f"built-in character tokenizer's {needed} tokens: expected >= {needed}, "
+                     "or set config.model.tokenizer_path")
+
+
+# --- workdir --------------------------------------------------------------------------------------
 def check_writable(workdir: str) -> None:
   try:
     os.makedirs(workdir, exist_ok=True)
@@ -56,4 +134,5 @@ def check_writable(workdir: str) -> None:
       f.write("ok")
     os.remove(probe)
   except OSError as e:
-    raise ValueError(f"workdir {workdir!r} cannot be written: {e}") from e
+    raise ValueError(f"workdir {workdir!r} cannot be written ({type(e).__name__}: {e}): expected "
+                     "a directory this process can create and write to") from e

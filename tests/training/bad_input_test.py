@@ -1,0 +1,352 @@
+"""The bad-input catalog (issue #7): each bad input, given to the public entry points
+(`training.train(config, workdir)` or the `launch.train` command line), stops the run with
+a message that names the field, the value and what was expected, before any training step.
+"""
+import glob
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from unittest import mock
+
+import jax
+from absl.testing import absltest, parameterized
+
+from configs import smoke
+from jaxrl_llm import training
+from jaxrl_llm.data import char_tokenizer
+from jaxrl_llm.training import validation
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAKE_REWARDS = "tests.rewards.fake_rewards"
+
+
+def small_config():
+  """The smoke config cut to one step, no eval, no intermediate checkpoints."""
+  config = smoke.get_config()
+  config.train.steps = 1
+  config.train.eval_every = 0
+  config.checkpoint.every = 0
+  return config
+
+
+def write_jsonl(path, prompts):
+  with open(path, "w") as f:
+    f.writelines(json.dumps({"prompt": p}) + "\n" for p in prompts)
+  return path
+
+
+class CatalogTest(parameterized.TestCase):
+  """Shared checks: what a refused run may and may not leave behind."""
+
+  def new_workdir(self):
+    return os.path.join(self.create_tempdir().full_path, "run")  # not created yet
+
+  def assert_refused_untouched(self, config, error, message):
+    """A config check: refused before the workdir is even created."""
+    workdir = self.new_workdir()
+    with self.assertRaisesRegex(error, message):
+      training.train(config, workdir)
+    self.assertFalse(os.path.exists(workdir))
+
+  def assert_no_step(self, workdir, rows=0, checkpoints=()):
+    """Only `rows` metrics rows and the `checkpoints` steps are there (a fresh run: none)."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    with open(path) if os.path.exists(path) else open(os.devnull) as f:
+      self.assertLen(f.read().splitlines(), rows)
+    ckpts = os.path.join(workdir, "checkpoints")
+    saved = sorted(os.listdir(ckpts)) if os.path.isdir(ckpts) else []
+    self.assertEqual(saved, [str(s) for s in checkpoints])
+
+
+# --- 1. unknown or mistyped config keys ----------------------------------------------------------
+class ConfigKeysTest(CatalogTest):
+
+  @parameterized.named_parameters(
+      # Presets are locked: ml_collections refuses the key while absl parses the flags.
+      ("mistyped_field", ["--config=configs/smoke.py", "--config.train.stepz=3"],
+       r'Did you mean "steps" instead of "stepz"\?'),
+      ("argument_smoke_does_not_take", ["--config=configs/smoke.py:runlocal"],
+       r"Unknown config argument 'runlocal'; valid: \[\]"),
+  )
+  def test_command_line(self, flags, message):
+    workdir = self.new_workdir()
+    run = subprocess.run([sys.executable, "-m", "launch.train", f"--workdir={workdir}", *flags],
+                         cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    self.assertNotEqual(run.returncode, 0)
+    self.assertRegex(run.stderr, message)
+    self.assertFalse(os.path.exists(workdir))
+
+  @parameterized.named_parameters(
+      ("close_match", "train", "stepz", re.escape(
+          "config.train.stepz is not a known key; did you mean config.train.steps?")),
+      ("nested", "algo.loss", "clip_hgih", re.escape(
+          "config.algo.loss.clip_hgih is not a known key; did you mean config.algo.loss.clip_high?")),
+      ("no_close_match", "optimizer", "nesterov", re.escape(
+          "config.optimizer.nesterov is not a known key; expected one of [") + r".*'lr'.*\]"),
+  )
+  def test_unknown_key_in_a_config_object(self, group, key, message):
+    config = small_config()
+    config.unlock()  # as a config built by hand would be
+    node = config
+    for part in group.split("."):
+      node = node[part]
+    node[key] = 3
+    self.assert_refused_untouched(config, ValueError, message)
+
+  def test_missing_key(self):
+    config = small_config()
+    config.unlock()
+    del config.train["steps"]
+    self.assert_refused_untouched(
+        config, ValueError,
+        re.escape("config.train.steps is missing; configs.common.base_config() sets it"))
+
+  def test_group_replaced_by_a_value(self):
+    config = small_config()
+    config.unlock()
+    del config["checkpoint"]  # an unlocked ConfigDict still keeps a field's type
+    config.checkpoint = 5
+    self.assert_refused_untouched(
+        config, ValueError, re.escape("config.checkpoint=5: expected a group with keys ["))
+
+  def test_every_preset_has_the_schemas_keys(self):
+    names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "configs", "*.py"))
+                   if os.path.basename(p) not in ("common.py", "__init__.py"))
+    self.assertIn("grpo_arithmetic", names)  # a preset with free-form task_options
+    for name in names:
+      module = importlib.import_module(f"configs.{name}")
+      for arg in (None,) if name == "smoke" else (None, "runlocal"):
+        validation.check_known_keys(module.get_config(arg))
+
+
+# --- 2. invalid values ---------------------------------------------------------------------------
+class ValuesTest(CatalogTest):
+
+  def test_negative_learning_rate(self):
+    config = small_config()
+    config.optimizer.lr = -1e-3
+    self.assert_refused_untouched(
+        config, ValueError, re.escape("config.optimizer.lr=-0.001: expected a positive learning rate"))
+
+  @parameterized.parameters("grpo", "rloo", "dr_grpo")
+  def test_group_estimator_needs_two_samples(self, estimator):
+    config = small_config()
+    config.algo.advantage.estimator = estimator
+    config.sampling.num_samples = 1
+    config.train.prompts_per_step = 8
+    self.assert_refused_untouched(config, ValueError, re.escape(
+        f"algo.advantage.estimator = {estimator!r} is a group estimator and needs "
+        "G = sampling.num_samples >= 2, got 1."))
+
+  @parameterized.named_parameters(
+      ("product_is_not_the_device_count", dict(data=3, fsdp=1, tensor=1),
+       "config.mesh (data=3, fsdp=1, tensor=1) needs 3 devices; there are 8: expected sizes "
+       "whose product is 8"),
+      ("rest_axis_does_not_divide", dict(data=-1, fsdp=3, tensor=1),
+       "config.mesh (data=-1, fsdp=3, tensor=1): the other axes (3 devices) do not divide the 8 "
+       "devices"),
+  )
+  def test_mesh_shape(self, shape, message):
+    self.assertEqual(jax.device_count(), 8)
+    config = small_config()
+    config.mesh.update(shape)
+    self.assert_refused_untouched(config, ValueError, re.escape(message))
+
+  def test_prompts_per_step_over_processes(self):
+    config = small_config()
+    with mock.patch.object(jax, "process_count", return_value=3):
+      self.assert_refused_untouched(config, ValueError, re.escape(
+          "config.train.prompts_per_step=2 is not divisible by the 3 processes: expected a "
+          "multiple of 3"))
+
+  def test_unknown_prompt_overflow_mode(self):
+    config = small_config()
+    config.data.prompt_overflow = "trunc"
+    self.assert_refused_untouched(config, ValueError, re.escape(
+        "config.data.prompt_overflow='trunc': expected one of ['error', 'truncate']"))
+
+
+# --- 3. the model path ---------------------------------------------------------------------------
+NOT_A_DIRECTORY = ("config.model.path={path!r}: model path {path!r} does not exist or is not a "
+                   "directory (expected a local Hugging Face model directory with config.json "
+                   "and safetensors weights)")
+
+
+class ModelPathTest(CatalogTest):
+
+  @parameterized.named_parameters(
+      ("does_not_exist", {}, "no_such_model", FileNotFoundError, NOT_A_DIRECTORY),
+      ("a_file", {"model.bin": "x"}, "model.bin", FileNotFoundError, NOT_A_DIRECTORY),
+      ("no_config_json", {"pytorch_model.bin": "x"}, "", FileNotFoundError,
+       "config.model.path={path!r}: {path!r} has no config.json: not a Hugging Face model "
+       "directory (it holds ['pytorch_model.bin'])"),
+      ("no_safetensors_weights", {"config.json": '{"model_type": "llama"}'}, "",
+       FileNotFoundError, "config.model.path={path!r}: no weights in {path!r}: expected "
+       "model.safetensors or model.safetensors.index.json (safetensors)"),
+      ("unsupported_architecture", {"config.json": '{"model_type": "gpt2"}',
+                                    "model.safetensors": ""}, "", ValueError,
+       "config.model.path={path!r}: config.json model_type='gpt2' is not supported"),
+  )
+  def test_model_path(self, files, name, error, message):
+    directory = self.create_tempdir().full_path
+    for file, text in files.items():
+      with open(os.path.join(directory, file), "w") as f:
+        f.write(text)
+    config = small_config()
+    config.model.path = path = os.path.join(directory, name) if name else directory
+    self.assert_refused_untouched(config, error, re.escape(message.format(path=path)))
+
+
+# --- 4. a tokenizer that does not fit the model ---------------------------------------------------
+class TokenizerTest(CatalogTest):
+
+  def test_built_in_tokenizer_larger_than_the_vocabulary(self):
+    config = small_config()
+    config.model.arch.vocab_size = 64
+    self.assert_refused_untouched(config, ValueError, re.escape(
+        "config.model.arch.vocab_size=64 is smaller than the built-in character tokenizer's 99 "
+        "tokens: expected >= 99"))
+
+  def test_tokenizer_path_does_not_exist(self):
+    config = small_config()
+    config.model.tokenizer_path = path = os.path.join(self.create_tempdir().full_path, "tok")
+    self.assert_refused_untouched(config, FileNotFoundError, re.escape(
+        f"config.model.tokenizer_path={path!r} is not a directory"))
+
+  def test_tokenizer_larger_than_the_vocabulary(self):
+    config = small_config()
+    config.model.tokenizer_path = path = os.path.join(self.create_tempdir().full_path, "tok")
+    char_tokenizer.build_char_tokenizer(path, vocab_size=600)
+    workdir = self.new_workdir()
+    with self.assertRaisesRegex(ValueError, re.escape(
+        "the tokenizer has 600 tokens but the model's vocab_size is 512")):
+      training.train(config, workdir)
+    self.assert_no_step(workdir)
+
+
+# --- 5. an empty dataset -------------------------------------------------------------------------
+class EmptyDatasetTest(CatalogTest):
+
+  def test_empty_jsonl(self):
+    config = small_config()
+    path = write_jsonl(os.path.join(self.create_tempdir().full_path, "empty.jsonl"), [])
+    config.data.source = f"jsonl:{path}"
+    workdir = self.new_workdir()
+    with self.assertRaisesRegex(ValueError, re.escape(
+        f"config.data.source='jsonl:{path}' (split 'train'): JSONL data file {path!r} holds no "
+        "records: expected one JSON object with a 'prompt' field per line.")):
+      training.train(config, workdir)
+    self.assert_no_step(workdir)
+
+
+# --- 7. a reward function that misbehaves --------------------------------------------------------
+class RewardTest(CatalogTest):
+
+  @parameterized.named_parameters(
+      ("raises", "raises_on_batches", re.escape(
+          "raised RuntimeError: batch too large on a batch of 8 samples (no single sample fails "
+          "alone).")),
+      ("returns_nan", "nan_on_second", r"returned nan for sample 1 \(prompt='.*', "
+       r"completion='.*'\); rewards must be finite real numbers\."),
+      ("too_few_values", "drops_last", r"returned 7 values for 8 samples; the values stop before "
+       r"sample 7 \(prompt=.*\); expected one per sample\."),
+  )
+  def test_bad_reward(self, fn, message):
+    config = small_config()
+    config.rewards.functions = (f"{FAKE_REWARDS}:{fn}",)
+    config.rewards.weights = (1.0,)
+    workdir = self.new_workdir()
+    with self.assertRaisesRegex(ValueError, re.escape(
+        f"Reward function '{FAKE_REWARDS}:{fn}' (config.rewards.functions) ") + message):
+      training.train(config, workdir)
+    self.assert_no_step(workdir)
+
+
+# --- 8. a workdir that cannot be written ---------------------------------------------------------
+class WorkdirTest(CatalogTest):
+
+  def test_parent_is_a_file(self):
+    parent = os.path.join(self.create_tempdir().full_path, "a_file")
+    with open(parent, "w") as f:
+      f.write("x")
+    workdir = os.path.join(parent, "run")
+    with self.assertRaisesRegex(ValueError, re.escape(
+        f"workdir {workdir!r} cannot be written (NotADirectoryError: ") + r".*" + re.escape(
+            "expected a directory this process can create and write to")):
+      training.train(small_config(), workdir)
+
+  @absltest.skipIf(hasattr(os, "geteuid") and os.geteuid() == 0, "root writes anywhere")
+  def test_read_only_directory(self):
+    workdir = self.create_tempdir().full_path
+    os.chmod(workdir, 0o500)
+    self.addCleanup(os.chmod, workdir, 0o700)
+    with self.assertRaisesRegex(ValueError, re.escape(
+        f"workdir {workdir!r} cannot be written (PermissionError: ")):
+      training.train(small_config(), workdir)
+    self.assertEqual(os.listdir(workdir), [])
+
+
+# --- 6. prompts longer than the limit ------------------------------------------------------------
+def long_prompt_config(directory, overflow):
+  """Every prompt is 40 characters (= 40 tokens); the smoke limit is 32."""
+  config = small_config()
+  path = write_jsonl(os.path.join(directory, "long.jsonl"), [f"{i:02d}" + "x" * 38 for i in range(8)])
+  config.data.source = f"jsonl:{path}"
+  config.data.prompt_overflow = overflow
+  config.rewards.functions = ("tests.training.test_rewards:count_a",)
+  config.rewards.weights = (1.0,)
+  return config
+
+
+class PromptOverflowAndResumeTest(CatalogTest):
+  """One finished one-step run (its prompts truncated) serves 6 ('truncate') and 9."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = os.path.join(absltest.get_default_test_tmpdir(), "bad_input_finished_run")
+    shutil.rmtree(cls.root, ignore_errors=True)
+    os.makedirs(cls.root)
+    cls.config = long_prompt_config(cls.root, "truncate")
+    cls.workdir = os.path.join(cls.root, "run")
+    training.train(cls.config, cls.workdir)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.root, ignore_errors=True)
+    super().tearDownClass()
+
+  def test_error_names_the_prompt_and_the_limit(self):
+    config = long_prompt_config(self.create_tempdir().full_path, "error")
+    workdir = self.new_workdir()
+    with self.assertRaisesRegex(ValueError, r"Prompt of sample 0 \(dataset index \d\) is 40 "
+                                r"tokens, longer than config\.data\.max_prompt_len=32: '0\dx+'"):
+      training.train(config, workdir)
+    self.assert_no_step(workdir)
+
+  def test_truncate_counts_the_prompts(self):
+    with open(os.path.join(self.workdir, "metrics.jsonl")) as f:
+      rows = [json.loads(line) for line in f]
+    self.assertEqual([r["step"] for r in rows], [1])
+    self.assertEqual(rows[0]["prompts_truncated"], self.config.train.prompts_per_step)
+
+  # --- 9. a checkpoint from an incompatible config -----------------------------------------------
+  def test_incompatible_checkpoint(self):
+    workdir = self.new_workdir()
+    shutil.copytree(self.workdir, workdir)
+    config = long_prompt_config(self.create_tempdir().full_path, "truncate")
+    config.model.arch.hidden_size, config.model.arch.head_dim = 32, 8
+    config.train.steps = 2
+    with self.assertRaisesRegex(ValueError, r"the checkpoint at step 1 in .* was written by an "
+                                r"incompatible config: it holds .*'hidden_size': 64.*this run "
+                                r"needs .*'hidden_size': 32"):
+      training.train(config, workdir)
+    self.assert_no_step(workdir, rows=1, checkpoints=[1])
+
+if __name__ == "__main__":
+  absltest.main()
