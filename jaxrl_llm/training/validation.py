@@ -5,6 +5,7 @@ what was expected, not an hour into a run.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 
 import jax
@@ -59,7 +60,7 @@ def validate_config(config, devices=None) -> None:
     raise ValueError(f"config.train.prompts_per_step={t.prompts_per_step} is not divisible by the "
                      f"{jax.process_count()} processes: expected a multiple of "
                      f"{jax.process_count()} (each process loads its own share of the prompts)")
-  _check_mesh(config, devices)
+  _check_batch_shards(config, devices)
   _check_model(config.model)
 
 
@@ -101,10 +102,22 @@ def _compare_keys(config, schema, prefix: str, errors: list[str]) -> None:
       errors.append(f"{prefix}.{key} is missing; configs.common.base_config() sets it")
 
 
-# --- mesh ----------------------------------------------------------------------------------------
-def _check_mesh(config, devices) -> None:
+# --- mesh and batch -------------------------------------------------------------------------------
+def _check_batch_shards(config, devices) -> None:
+  """The rollout rows split evenly over the mesh axes the 'batch' rule names."""
   mesh = sh.make_mesh(config.mesh, devices)  # raises for a shape that does not fit the devices
-  sh.logical_to_spec((sh.BATCH,), (1,), mesh, sh.freeze_rules(config.mesh.rules))  # unknown axes
+  rules = sh.freeze_rules(config.mesh.rules)
+  sh.logical_to_spec((sh.BATCH,), (1,), mesh, rules)  # raises for an unknown axis in the rules
+  axes = dict(rules).get(sh.BATCH) or ()
+  axes = (axes,) if isinstance(axes, str) else axes
+  shards = math.prod(mesh.shape[a] for a in axes)
+  P, G = config.train.prompts_per_step, config.sampling.num_samples
+  if (P * G) % shards:
+    sizes = " x ".join(f"{a}={mesh.shape[a]}" for a in axes)
+    raise ValueError(
+        f"config.train.prompts_per_step={P} x config.sampling.num_samples={G} = {P * G} rollout "
+        f"rows do not split over the {shards} batch shards of the mesh ({sizes}, the axes "
+        f"config.mesh.rules maps 'batch' to): expected a multiple of {shards}")
 
 
 # --- model and tokenizer --------------------------------------------------------------------------

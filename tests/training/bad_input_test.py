@@ -157,6 +157,32 @@ class ValuesTest(CatalogTest):
     config.mesh.update(shape)
     self.assert_refused_untouched(config, ValueError, re.escape(message))
 
+  @parameterized.named_parameters(
+      # 3 prompts x 2 samples = 6 rows over data=8.
+      ("data_axis", dict(data=-1, fsdp=1, tensor=1), 3, 2, "6 rollout rows", 8, "data=8 x fsdp=1"),
+      # 2 rows would split over data=2 alone; the 'batch' rule adds fsdp=4.
+      ("data_and_fsdp_axes", dict(data=2, fsdp=4, tensor=1), 1, 2, "2 rollout rows", 8,
+       "data=2 x fsdp=4"),
+  )
+  def test_batch_not_divisible_by_the_batch_shards(self, shape, P, G, rows, shards, sizes):
+    config = small_config()
+    config.mesh.update(shape)
+    config.train.prompts_per_step, config.sampling.num_samples = P, G
+    self.assert_refused_untouched(config, ValueError, re.escape(
+        f"config.train.prompts_per_step={P} x config.sampling.num_samples={G} = {rows} do not "
+        f"split over the {shards} batch shards of the mesh ({sizes}, the axes config.mesh.rules "
+        f"maps 'batch' to): expected a multiple of {shards}"))
+
+  def test_batch_shards_follow_the_rules(self):
+    config = small_config()
+    config.mesh.update(data=2, fsdp=4, tensor=1)
+    config.train.prompts_per_step, config.sampling.num_samples = 1, 2
+    with self.assertRaisesRegex(ValueError, "batch shards"):
+      validation.validate_config(config)
+    config.mesh.rules = tuple(("batch", "data") if name == "batch" else (name, axes)
+                              for name, axes in config.mesh.rules)
+    validation.validate_config(config)  # 2 rows over data=2 alone
+
   def test_prompts_per_step_over_processes(self):
     config = small_config()
     with mock.patch.object(jax, "process_count", return_value=3):
