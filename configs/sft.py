@@ -28,4 +28,5 @@ def get_config(arg=None):
   if arg.runlocal:
     common.shrink_for_local(config)
     config.sampling.num_samples = 1
+    config.train.prompts_per_step = 8  # one row per prompt: 8 rows split over 8 devices
   return common.finalize(config)

@@ -34,8 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax.experimental import multihost_utils
 
-from jaxrl_llm import models
+from jaxrl_llm import distributed, models
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models import kv_cache
 
@@ -234,27 +235,54 @@ class Sampler:
     return self._program._cache_size()
 
   def __call__(self, model: models.Model, prompts: Sequence[Sequence[int]], seed) -> SampleOutput:
+    """Samples the prompts; returns global arrays (rows prompt-major).
+
+    With several processes, `prompts` are this process's prompts: the batch is every
+    process's prompts in process order, all padded to one bucket, and `model` must be
+    on a mesh. `sample_local` returns just this process's rows on the host.
+    """
     if not len(prompts):
       raise ValueError("prompts is empty: expected a list of token-id lists")
-    longest = max(len(p) for p in prompts)
     if min(len(p) for p in prompts) == 0:
       raise ValueError("a prompt is empty: every prompt needs at least one token")
+    multi = jax.process_count() > 1
+    if multi and model.mesh is None:
+      raise ValueError("with several processes the model must be placed on a mesh "
+                       "(models.from_pretrained/init with mesh=...)")
     s = self.settings
+    # Every process pads to the same bucket: the longest prompt of any process decides.
+    longest = distributed.max_int(max(len(p) for p in prompts))
     tokens, mask = left_pad(prompts, bucket_length(longest, self.buckets), s.pad_id)
     if tokens.max() >= model.config.vocab_size or tokens.min() < 0:
       raise ValueError(f"prompt token ids must lie in [0, {model.config.vocab_size}); got "
                        f"[{tokens.min()}, {tokens.max()}]")
-    B, N = len(prompts) * s.num_samples, s.max_new_tokens
+    B, N = len(prompts) * jax.process_count() * s.num_samples, s.max_new_tokens
     shape = kv_cache.layer_shape(model.config, B, N)
     if (self._cache is None or len(self._cache) != model.config.num_layers
         or self._cache[0]["v"].shape != shape):
       self._cache = self._new_cache(model, B, N)
-    if model.mesh is not None:
+    if multi:
+      global_shape = (tokens.shape[0] * jax.process_count(), tokens.shape[1])
+      batch = sh.named_sharding((sh.BATCH, sh.SEQ), global_shape, model.mesh, model.rules)
+      tokens, mask = (jax.make_array_from_process_local_data(batch, x, global_shape)
+                      for x in (tokens, mask))
+    elif model.mesh is not None:
       batch = sh.named_sharding((sh.BATCH, sh.SEQ), tokens.shape, model.mesh, model.rules)
       tokens, mask = sh.put((tokens, mask), (batch, batch))
     key = seed if isinstance(seed, jax.Array) else jax.random.key(seed)
+    if multi:  # the same key on every process, as one replicated global array
+      key = _replicated_key(key, model.mesh)
     out, self._cache = self._program(model, self._cache, tokens, mask, key)
     return out
+
+  def sample_local(self, model: models.Model, prompts: Sequence[Sequence[int]],
+                   seed) -> SampleOutput:
+    """`self(...)`, as numpy on the host: this process's rows only (all of them with one)."""
+    out = self(model, prompts, seed)
+    if jax.process_count() == 1:
+      return jax.device_get(out)
+    return jax.tree.map(lambda x: distributed.local_rows(
+        np.asarray(multihost_utils.process_allgather(x, tiled=True))), out)
 
   def _new_cache(self, model, B, S):
     cfg = model.config
@@ -262,6 +290,13 @@ class Sampler:
       return kv_cache.init_cache(cfg, B, S)
     shardings = kv_cache.cache_shardings(cfg, B, S, model.mesh, model.rules)
     return jax.jit(lambda: kv_cache.init_cache(cfg, B, S), out_shardings=shardings)()
+
+
+def _replicated_key(key: jax.Array, mesh) -> jax.Array:
+  """A PRNG key (typed or raw uint32) as a global array replicated over `mesh`."""
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  data = sh.put(np.asarray(jax.random.key_data(key) if typed else key), sh.replicated(mesh))
+  return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key)) if typed else data
 
 
 @functools.lru_cache(maxsize=16)

@@ -4,12 +4,20 @@
 algorithms is data: `config.algo`'s axes decide which arrays a step needs (reference
 log-probs only with a KL term, values only with a value model, recomputed old log-probs
 only when asked), and the objectives read the axes. Nothing here branches on a name.
+
+Every process runs this same loop (`jaxrl_llm.distributed`): each samples and scores
+its own slice of the prompts, the update steps run on global arrays over one mesh,
+process 0 alone writes logs, and orbax writes checkpoints from all processes.
+
+Resume: a checkpoint holds the TrainState (parameters, optimizer, RNG key), the data
+position and the skip counters; sampling keys are folded from the step, so a run
+restarted from step s reproduces an uninterrupted run from s on. SIGTERM and non-finite
+updates: see `guards`.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import time
 from typing import Any
@@ -18,11 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm import checkpoints, data, models, objectives, sampling
+from jaxrl_llm import checkpoints, data, distributed, models, objectives, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.rewards import RewardSet
+from jaxrl_llm.training import guards
 from jaxrl_llm.training import metrics as metrics_lib
 from jaxrl_llm.training import rollout as rollout_lib
 from jaxrl_llm.training import state as state_lib
@@ -61,8 +70,12 @@ def load_tokenizer_and_policy(config, mesh, rules):
     tokenizer = (data.load_tokenizer(m.tokenizer_path) if m.tokenizer_path
                  else char_tokenizer.build_char_tokenizer(vocab_size=a.vocab_size))
   if len(tokenizer) > policy.config.vocab_size:
-    raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
-                     f"{policy.config.vocab_size}: the tokenizer does not fit the model")
+    source = (f"config.model.tokenizer_path={m.tokenizer_path or m.path!r}" if m.path or
+              m.tokenizer_path else "the built-in character tokenizer")
+    size = "config.json's vocab_size" if m.path else "config.model.arch.vocab_size"
+    raise ValueError(f"{source} has {len(tokenizer)} tokens but the model's vocab_size ({size}) "
+                     f"is {policy.config.vocab_size}: expected a tokenizer of at most "
+                     f"{policy.config.vocab_size} tokens; the tokenizer does not fit the model")
   return tokenizer, policy
 
 
@@ -74,10 +87,26 @@ def _fingerprint(policy: models.Model, with_value: bool) -> dict[str, Any]:
           "value_model": with_value}
 
 
+def _differences(saved, wanted, prefix="") -> str:
+  """'model.hidden_size: 64 in the checkpoint, 32 in this config; ...' for two fingerprints."""
+  if isinstance(saved, dict) and isinstance(wanted, dict):
+    parts = [_differences(saved.get(k), wanted.get(k), f"{prefix}{k}.")
+             for k in sorted(set(saved) | set(wanted))]
+    return "; ".join(p for p in parts if p)
+  if saved == wanted or (isinstance(saved, list) and tuple(saved) == wanted):
+    return ""
+  return f"{prefix[:-1]}: {saved!r} in the checkpoint, {wanted!r} in this config"
+
+
 def _batch_arrays(r: rollout_lib.Rollout, G: int, mask_truncated: bool) -> dict[str, np.ndarray]:
-  """The rollout as training rows: prompt + completion, masks, sampler log-probs."""
-  prompt_tokens = np.repeat(r.prompt_tokens, G, axis=0)
-  prompt_mask = np.repeat(r.prompt_mask, G, axis=0)
+  """The rollout as training rows: prompt + completion, masks, sampler log-probs.
+
+  Prompts are left-padded to the longest prompt block of any process, so that every
+  process's rows have the global batch's shape.
+  """
+  extra = distributed.max_int(r.prompt_tokens.shape[1]) - r.prompt_tokens.shape[1]
+  prompt_tokens = np.repeat(np.pad(r.prompt_tokens, ((0, 0), (extra, 0))), G, axis=0)
+  prompt_mask = np.repeat(np.pad(r.prompt_mask, ((0, 0), (extra, 0))), G, axis=0)
   loss_mask = r.mask * np.repeat(r.group_valid, G)[:, None]
   if mask_truncated:
     loss_mask = loss_mask * (~r.truncated)[:, None]
@@ -171,16 +200,17 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
 
   ckpt = checkpoints.Checkpointer(workdir, config.checkpoint)
   fingerprint = _fingerprint(policy, value is not None)
-  start, position = 0, 0
+  start, position, skips = 0, 0, {}
   latest = ckpt.latest_step()
   if latest is not None:
     meta = ckpt.read_meta(latest)
     if meta.get("fingerprint") != fingerprint:
       raise ValueError(f"the checkpoint at step {latest} in {workdir!r} was written by an "
-                       f"incompatible config: it holds {meta.get('fingerprint')}, this run needs "
-                       f"{fingerprint}")
+                       f"incompatible config: {_differences(meta.get('fingerprint'), fingerprint)}; "
+                       "expected the same model (or a fresh workdir)")
     state, meta = ckpt.restore(latest, checkpoints.abstract_of(state))
     start, position = int(meta["step"]), int(meta["data_position"])
+    skips = {k: int(meta.get(k, 0)) for k in ("skipped_steps", "consecutive_skips")}
 
   load_records = {"sample": data.load_dataset, "dataset": data.load_demonstrations}
   train_data = load_records[config.data.completions](config.data, "train",
@@ -215,9 +245,14 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
       donate_argnums=(0,), out_shardings=(state_shardings, None))
   take_rows = jax.jit(lambda batch, idx: jax.tree.map(lambda x: x[idx], batch))
   next_step = jax.jit(steps.next_step, donate_argnums=(0,), out_shardings=state_shardings)
+  total = jax.jit(jnp.sum)
 
   peak = t.peak_flops_per_device or metrics_lib.measure_peak_flops()
+  guard = guards.NonFiniteGuard(t.max_consecutive_skips, skips.get("skipped_steps", 0),
+                                skips.get("consecutive_skips", 0))
   writer = metrics_lib.MetricsWriter(workdir, config.logging, t.steps, start)
+  preemption = guards.PreemptionWatch()
+  preemption.install()
   row: dict[str, float] = {}
   try:
     if evaluator is not None and start == 0:  # the starting point, as step 0
@@ -245,7 +280,7 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
       for _ in range(algo.num_iterations):
         order = perm_rng.permutation(P * G) if algo.num_minibatches > 1 else np.arange(P * G)
         for m in range(algo.num_minibatches):
-          idx = jnp.asarray(order[m * minibatch_rows:(m + 1) * minibatch_rows])
+          idx = order[m * minibatch_rows:(m + 1) * minibatch_rows]
           minibatch = take_rows(batch, idx) if algo.num_minibatches > 1 else batch
           state, pm = policy_update(state, minibatch)
           if value_update is not None:
@@ -260,11 +295,13 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
       dt = time.perf_counter() - t_step
       row = {k: float(np.mean([m[k] for m in step_metrics])) for k in step_metrics[-1]}
       row.update(rollout.metrics)
-      gen_tokens = float(rollout.lengths.sum()) * jax.process_count()
-      train_tokens = float(np.asarray(batch["loss_mask"]).sum())
-      context = rollout.prompt_tokens.shape[1] + N / 2
+      row.update(guard.update(done, step_metrics))
+      gen_tokens = float(distributed.concat(rollout.lengths).sum())
+      train_tokens = float(total(batch["loss_mask"]))
+      S0 = batch["tokens"].shape[1] - N
+      context = S0 + N / 2
       flops = metrics_lib.forward_flops(policy.config, gen_tokens, context)  # sampling
-      flops += metrics_lib.forward_flops(policy.config, P * G * (rollout.prompt_tokens.shape[1] + N),
+      flops += metrics_lib.forward_flops(policy.config, P * G * (S0 + N),
                                          context) * (3 * updates_per_step + (reference is not None)
                                                      + (algo.old_logp == "recompute")
                                                      + 4 * (value is not None))
@@ -277,11 +314,16 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
       if evaluator is not None and (done % t.eval_every == 0 or done == t.steps):
         row.update(evaluator(as_policy(state)))
         writer.print(evaluator.table_row(done, row))
-      if done % t.log_every == 0 or done == t.steps:
+      if done % t.log_every == 0 or done == t.steps or guard.consecutive:
         writer.write(done, row)
-      if ckpt.due(done, last=done == t.steps):
+      guard.check(done)
+      preempted = preemption.requested() and done < t.steps
+      if ckpt.due(done, last=done == t.steps) or preempted:
         ckpt.save(done, state, {"step": done, "data_position": rollout.position,
-                                "fingerprint": fingerprint})
+                                "fingerprint": fingerprint, **guard.state()})
+      if preempted:
+        ckpt.wait()
+        raise guards.Preempted(done)
     # ---------------------------------------------------------------- Export
     ckpt.wait()
     export = os.path.join(workdir, "export")
@@ -289,6 +331,7 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
     if jax.process_index() == 0:
       tokenizer.save_pretrained(export)
   finally:
+    preemption.uninstall()
     ckpt.close()
     writer.close()
   return row
@@ -311,12 +354,16 @@ class Evaluator:
                                          process_count=jax.process_count()):
       tok = data.tokenize_prompts(self.tokenizer, batch.prompts, self.config.data,
                                   self.config.sampling.prompt_buckets, indices=batch.indices)
-      out = jax.device_get(self.sampler(policy, tok.token_lists, 0))
+      out = self.sampler.sample_local(policy, tok.token_lists, 0)
       completions = rollout_lib.decode_completions(self.tokenizer, out.tokens, out.lengths)
       scored = self.reward_set(batch.prompts, completions, **batch.fields())
       for name, v in [("total", scored.total), *scored.per_function.items()]:
-        values.setdefault(name, []).append(v[batch.valid])
-    means = {f"eval/reward/{k}": float(np.concatenate(v).mean()) for k, v in values.items()}
+        values.setdefault(name, []).append(np.where(batch.valid, v, 0.0))
+      values.setdefault("_valid", []).append(batch.valid.astype(np.float64))
+    # Sums over every process's valid records (padding records count for nothing).
+    valid = distributed.concat(np.concatenate(values.pop("_valid"))).sum()
+    means = {f"eval/reward/{k}": float(distributed.concat(np.concatenate(v)).sum() / valid)
+             for k, v in values.items()}
     first = self.reward_set.names[0]
     means["eval/accuracy"] = means[f"eval/reward/{first}"]  # the first reward function
     return means

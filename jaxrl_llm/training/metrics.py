@@ -14,7 +14,11 @@ import numpy as np
 
 
 class MetricsWriter:
-  """One JSON object per logged step in DIR/metrics.jsonl, the same scalars in DIR/tb/."""
+  """One JSON object per logged step in DIR/metrics.jsonl, the same scalars in DIR/tb/.
+
+  `start_step`: the step a run starts from (a resumed run's checkpoint step); rows of
+  later steps left by an interrupted run are dropped.
+  """
 
   def __init__(self, workdir: str, logging_cfg, total_steps: int, start_step: int = 0):
     self.enabled = jax.process_index() == 0
@@ -22,10 +26,14 @@ class MetricsWriter:
     if not self.enabled:
       return
     if logging_cfg.jsonl:
-      self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+      path = os.path.join(workdir, "metrics.jsonl")
+      _drop_rows_after(path, start_step)
+      self.jsonl = open(path, "a", encoding="utf-8")
     if logging_cfg.tensorboard:
       import tensorboardX  # pylint: disable=g-import-not-at-top
-      self.tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tb"))
+      # purge_step: TensorBoard hides the older events of the steps this run redoes.
+      self.tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tb"), purge_step=start_step + 1
+                                           if start_step else 0)
     import tqdm  # pylint: disable=g-import-not-at-top
     self.bar = tqdm.tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
                          dynamic_ncols=True)
@@ -60,6 +68,31 @@ class MetricsWriter:
       self.jsonl.close()
     if self.tb:
       self.tb.close()
+
+
+def _drop_rows_after(path: str, step: int) -> None:
+  """Keeps the rows of steps 1..`step` (and the step-0 eval only if step > 0).
+
+  A run resumed from the checkpoint of `step` redoes the steps after it; the rows an
+  interrupted run wrote for them (and a truncated last line) go, so each step is
+  logged once. Rewritten through a temporary file and a rename: a kill leaves either
+  the old file or the new one.
+  """
+  if not os.path.exists(path):
+    return
+  kept = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:
+        break  # the last line of a killed run
+      if step and row.get("step", 0) <= step:
+        kept.append(line if line.endswith("\n") else line + "\n")
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.writelines(kept)
+  os.replace(tmp, path)
 
 
 def _plain(v):

@@ -13,7 +13,7 @@ from typing import Iterator
 import jax
 import numpy as np
 
-from jaxrl_llm import data, objectives, sampling
+from jaxrl_llm import data, distributed, objectives, sampling
 from jaxrl_llm.rewards import RewardSet
 
 COMPLETION_SOURCES = ("sample", "dataset")
@@ -107,7 +107,7 @@ class SampledRollouts:
       tok = data.tokenize_prompts(self.tokenizer, batch.prompts, self.config.data,
                                   self.config.sampling.prompt_buckets, indices=batch.indices)
       truncated_prompts += tok.num_truncated
-      out = jax.device_get(self.sampler(policy, tok.token_lists, jax.random.fold_in(key, r)))
+      out = self.sampler.sample_local(policy, tok.token_lists, jax.random.fold_in(key, r))
       prompts = [p for p in batch.prompts for _ in range(G)]
       t0 = time.perf_counter()
       completions = decode_completions(self.tokenizer, out.tokens, out.lengths)
@@ -118,7 +118,8 @@ class SampledRollouts:
       blocks.append(dict(tok=tok, out=out, scored=scored, prompts=prompts,
                          completions=completions, informative=informative))
       kept += int(informative.sum())
-      if not algo.dynamic_sampling.enabled or kept >= P:
+      # Every process samples the same number of rounds: until all have P informative groups.
+      if not algo.dynamic_sampling.enabled or distributed.all_true(kept >= P):
         break
     rollout = self._assemble(blocks, position, truncated_prompts, len(blocks))
     rollout.metrics["reward_time_s"] = reward_time
@@ -145,17 +146,22 @@ class SampledRollouts:
                             for b, p in chosen])
     per_function = {name: take(lambda blk, n=name: blk["scored"].per_function[n])
                     for name in blocks[0]["scored"].per_function}
-    metrics = {f"reward/{k}": float(v.mean()) for k, v in per_function.items()}
+    # Metrics describe the global batch: every process's rows (`distributed.concat`).
+    every = distributed.concat
+    metrics = {f"reward/{k}": float(every(v).mean()) for k, v in per_function.items()}
+    all_total = every(total)
     metrics.update(
-        reward_mean=float(total.mean()), reward_std=float(total.std()),
-        zero_variance_group_frac=float(np.mean(~np.concatenate([b["informative"] for b in blocks]))),
-        response_length_mean=float(lengths.mean()), truncated_frac=float(truncated.mean()),
-        prompts_truncated=float(truncated_prompts))
+        reward_mean=float(all_total.mean()), reward_std=float(all_total.std()),
+        zero_variance_group_frac=float(np.mean(~every(
+            np.concatenate([b["informative"] for b in blocks])))),
+        response_length_mean=float(every(lengths).mean()),
+        truncated_frac=float(every(truncated).mean()),
+        prompts_truncated=float(every(np.asarray([truncated_prompts])).sum()))
     if algo.dynamic_sampling.enabled:
       metrics.update(dynamic_sampling_rounds=float(rounds),
-                     dynamic_sampling_filler_frac=float(1 - group_valid.mean()))
+                     dynamic_sampling_filler_frac=float(1 - every(group_valid).mean()))
     if algo.overlong.enabled:
-      metrics["reward_shaped_mean"] = float(shaped.mean())
+      metrics["reward_shaped_mean"] = float(every(shaped).mean())
     return Rollout(
         prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
         tokens=take(lambda blk: blk["out"].tokens), mask=take(lambda blk: blk["out"].mask),
@@ -204,8 +210,9 @@ class DatasetRollouts:
         prompt_tokens=tok.tokens, prompt_mask=tok.mask, tokens=tokens, mask=mask, logprobs=None,
         lengths=lengths, truncated=truncated, rewards=np.ones(P, np.float32),
         group_valid=np.ones(P, bool),
-        metrics=dict(response_length_mean=float(lengths.mean()),
-                     truncated_frac=float(truncated.mean()),
-                     prompts_truncated=float(tok.num_truncated)),
+        metrics=dict(response_length_mean=float(distributed.concat(lengths).mean()),
+                     truncated_frac=float(distributed.concat(truncated).mean()),
+                     prompts_truncated=float(distributed.concat(
+                         np.asarray([tok.num_truncated])).sum())),
         position=batch.position + 1, prompts=batch.prompts,
         completions=[r["completion"] for r in batch.records])

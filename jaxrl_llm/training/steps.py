@@ -12,6 +12,11 @@ Micro-batches: a minibatch of B rows runs as M pieces of B / M rows (a `lax.scan
 gradients summed. The loss normalisers come from the WHOLE minibatch
 (`objectives.batch_counts`) and are handed to every piece, so the summed gradient is
 exactly the minibatch's (see `objectives.aggregation`).
+
+Non-finite guard: an update whose loss or gradient norm is not finite is skipped inside
+the step (parameters and optimizer state come out unchanged) and flagged in the metrics
+(`nonfinite_loss`, `nonfinite_grad`); the loop counts skipped steps and stops a run
+after `config.train.max_consecutive_skips` of them in a row.
 """
 from __future__ import annotations
 
@@ -136,9 +141,12 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
                                   counts=counts)
 
   loss, metrics, grads = accumulate(loss_fn, state.policy_params, batch, num_micro)
+  grad_norm = optax.global_norm(grads)
   updates, policy_opt = optimizer.update(grads, state.policy_opt, state.policy_params)
   params = optax.apply_updates(state.policy_params, updates)
-  metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
+  (params, policy_opt), skipped = _unless_nonfinite(
+      loss, grad_norm, (params, policy_opt), (state.policy_params, state.policy_opt))
+  metrics = dict(metrics, loss=loss, grad_norm=grad_norm, **skipped)
   return state.replace(policy_params=params, policy_opt=policy_opt), metrics
 
 
@@ -153,11 +161,29 @@ def value_step(state: TrainState, batch, *, model_static: models.Model, algo, op
                                           piece["loss_mask"], algo, counts=counts)
     return algo.value.coef * loss, dict(metrics, value_loss=loss)
 
-  _, metrics, grads = accumulate(loss_fn, state.value_params, batch, num_micro)
+  loss, metrics, grads = accumulate(loss_fn, state.value_params, batch, num_micro)
+  grad_norm = optax.global_norm(grads)
   updates, value_opt = optimizer.update(grads, state.value_opt, state.value_params)
   params = optax.apply_updates(state.value_params, updates)
-  metrics = dict(metrics, value_grad_norm=optax.global_norm(grads))
+  (params, value_opt), skipped = _unless_nonfinite(
+      loss, grad_norm, (params, value_opt), (state.value_params, state.value_opt))
+  metrics = dict(metrics, value_grad_norm=grad_norm,
+                 **{f"value_{k}": v for k, v in skipped.items()})
   return state.replace(value_params=params, value_opt=value_opt), metrics
+
+
+def _unless_nonfinite(loss, grad_norm, updated, current):
+  """`updated` if the loss and the gradient norm are finite, else `current` (skip).
+
+  The gradient norm is non-finite exactly when some gradient entry is (or the sum of
+  squares overflows, which no optimizer step survives either). Returns the chosen tree
+  and 0/1 flags saying which part was non-finite; the trainer counts and reports them.
+  """
+  bad_loss, bad_grad = ~jnp.isfinite(loss), ~jnp.isfinite(grad_norm)
+  skip = bad_loss | bad_grad
+  chosen = jax.tree.map(lambda new, old: jnp.where(skip, old, new), updated, current)
+  return chosen, {"nonfinite_loss": bad_loss.astype(jnp.float32),
+                  "nonfinite_grad": bad_grad.astype(jnp.float32)}
 
 
 def next_step(state: TrainState) -> TrainState:

@@ -142,7 +142,7 @@ def _check_model(m) -> None:
 def check_writable(workdir: str) -> None:
   try:
     os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, ".write_test")
+    probe = os.path.join(workdir, f".write_test.{jax.process_index()}")  # one per process
     with open(probe, "w") as f:
       f.write("ok")
     os.remove(probe)

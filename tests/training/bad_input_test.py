@@ -250,7 +250,8 @@ class TokenizerTest(CatalogTest):
     char_tokenizer.build_char_tokenizer(path, vocab_size=600)
     workdir = self.new_workdir()
     with self.assertRaisesRegex(ValueError, re.escape(
-        "the tokenizer has 600 tokens but the model's vocab_size is 512")):
+        f"config.model.tokenizer_path={path!r} has 600 tokens but the model's vocab_size "
+        "(config.model.arch.vocab_size) is 512: expected a tokenizer of at most 512 tokens")):
       training.train(config, workdir)
     self.assert_no_step(workdir)
 
@@ -369,10 +370,12 @@ class PromptOverflowAndResumeTest(CatalogTest):
     config.model.arch.hidden_size, config.model.arch.head_dim = 32, 8
     config.train.steps = 2
     with self.assertRaisesRegex(ValueError, r"the checkpoint at step 1 in .* was written by an "
-                                r"incompatible config: it holds .*'hidden_size': 64.*this run "
-                                r"needs .*'hidden_size': 32"):
+                                r"incompatible config: model.head_dim: 16 in the checkpoint, 8 in "
+                                r"this config; model.hidden_size: 64 in the checkpoint, 32 in this "
+                                r"config; expected the same model \(or a fresh workdir\)$"):
       training.train(config, workdir)
     self.assert_no_step(workdir, rows=1, checkpoints=[1])
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -1,0 +1,98 @@
+"""Running as several processes (hosts) under JAX's own runtime, `jax.distributed`.
+
+One program serves one CPU, one GPU and a pod: every process runs the same trainer,
+loads its own slice of the prompts and hands its rows to global arrays on one mesh
+(see `training.loop`). This module joins the processes and holds the few host-side
+collectives the trainer needs: concatenating per-process rows for metrics, and
+agreeing on a shape or a decision (a prompt bucket, "stop: preempted").
+
+With one process every function here is a no-op on its input.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+ENV_ADDRESS, ENV_COUNT, ENV_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
+
+
+def initialize(coordinator_address: str = "", num_processes: int | None = None,
+               process_id: int | None = None, auto_detect: bool = False) -> bool:
+  """Joins this process to the others with `jax.distributed.initialize`.
+
+  Call it before anything touches a device. Arguments left empty fall back to the
+  environment variables JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID.
+
+  Args:
+    coordinator_address: 'host:port' of process 0's coordinator service.
+    num_processes: how many processes take part.
+    process_id: this process's index, 0 .. num_processes - 1.
+    auto_detect: with no address given, let JAX find the cluster itself (Cloud TPU
+      pods, SLURM, Open MPI, Kubernetes).
+  Returns:
+    True when the process joined a multi-process run, False for a single process.
+  """
+  address = coordinator_address or os.environ.get(ENV_ADDRESS, "")
+  if num_processes is None and os.environ.get(ENV_COUNT):
+    num_processes = _env_int(ENV_COUNT)
+  if process_id is None and os.environ.get(ENV_ID):
+    process_id = _env_int(ENV_ID)
+  if not address and not auto_detect:
+    if num_processes not in (None, 1) or process_id not in (None, 0):
+      raise ValueError(f"num_processes={num_processes}, process_id={process_id} without a "
+                       f"coordinator address: set --coordinator_address or {ENV_ADDRESS}")
+    return False
+  if address:
+    if num_processes is None or process_id is None:
+      raise ValueError(f"coordinator address {address!r} given without the process count and "
+                       f"index: set --num_processes/--process_id or {ENV_COUNT}/{ENV_ID}")
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+      raise ValueError(f"process_id={process_id}: expected 0 <= process_id < num_processes="
+                       f"{num_processes}")
+  # Collectives between CPU devices of different processes (no effect on GPU/TPU).
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=address or None, num_processes=num_processes,
+                             process_id=process_id)
+  return True
+
+
+def _env_int(name: str) -> int:
+  value = os.environ[name]
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"environment variable {name}={value!r}: expected an integer") from None
+
+
+def concat(x: np.ndarray) -> np.ndarray:
+  """Every process's `x` concatenated along axis 0, in process order (all get all)."""
+  x = np.asarray(x)
+  if jax.process_count() == 1:
+    return x
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def max_int(value: int) -> int:
+  """The largest of the processes' `value`s."""
+  return int(concat(np.asarray([value], np.int64)).max())
+
+
+def any_true(flag: bool) -> bool:
+  """True if any process says True; the same answer on every process."""
+  return max_int(int(bool(flag))) > 0
+
+
+def all_true(flag: bool) -> bool:
+  """True if every process says True; the same answer on every process."""
+  return not any_true(not flag)
+
+
+def local_rows(x: np.ndarray) -> np.ndarray:
+  """This process's equal share of a global batch of rows, in process order."""
+  if jax.process_count() == 1:
+    return x
+  n = x.shape[0] // jax.process_count()
+  return x[jax.process_index() * n:(jax.process_index() + 1) * n]

@@ -1,0 +1,115 @@
+"""What keeps a long run safe: preemption (SIGTERM) and the non-finite update guard.
+
+Preemption: a SIGTERM (what Cloud TPU, Kubernetes and SLURM send before they take a
+machine away) only raises a flag. The loop finishes the step it is in, agrees with
+the other processes that someone was told to stop, writes a checkpoint of that step,
+waits for it to be complete and raises `Preempted`; `launch.train` then exits with
+status `PREEMPTED_EXIT_CODE` (75, EX_TEMPFAIL: "try again"). Starting the same command
+again resumes from that checkpoint.
+
+Non-finite updates: `steps.policy_step`/`value_step` skip an update whose loss or
+gradient norm is not finite and flag which part was. `NonFiniteGuard` turns the flags
+into the `skipped_steps` metric and a warning per skipped step, and stops the run with
+`NonFiniteError` after more than `config.train.max_consecutive_skips` skipped steps in
+a row. Its counters travel in the checkpoint, so a resumed run counts on.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from absl import logging
+
+from jaxrl_llm import distributed
+
+PREEMPTED_EXIT_CODE = os.EX_TEMPFAIL  # 75
+# Flags from the update steps and the part of the model each one names.
+NONFINITE_FLAGS = {"nonfinite_loss": "policy loss", "nonfinite_grad": "policy gradient",
+                   "value_nonfinite_loss": "value loss", "value_nonfinite_grad": "value gradient"}
+
+
+class Preempted(Exception):
+  """The run stopped on SIGTERM after writing a checkpoint of `step`."""
+
+  def __init__(self, step: int):
+    super().__init__(f"preempted (SIGTERM): stopped after step {step} and wrote its checkpoint; "
+                     "run the same command again to resume")
+    self.step = step
+
+
+class NonFiniteError(RuntimeError):
+  """Too many consecutive steps had a non-finite loss or gradient."""
+
+
+class PreemptionWatch:
+  """Between `install()` and `uninstall()`, SIGTERM sets a flag instead of killing.
+
+  Signal handlers can only be installed from the main thread; elsewhere (a trainer run
+  from a worker thread) the watch is inert and SIGTERM keeps its default action.
+  """
+
+  def __init__(self):
+    self._flag = threading.Event()
+    self._previous = None
+
+  def install(self) -> None:
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, lambda signum, frame: self._flag.set())
+
+  def uninstall(self) -> None:
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+      self._previous = None
+
+  def requested(self) -> bool:
+    """Whether any process got SIGTERM (a collective: call it on every process)."""
+    return distributed.any_true(self._flag.is_set())
+
+
+class NonFiniteGuard:
+  """Counts steps with skipped updates; stops after too many in a row."""
+
+  def __init__(self, max_consecutive: int, skipped_steps: int = 0, consecutive: int = 0):
+    self.max_consecutive = int(max_consecutive)
+    self.skipped_steps = int(skipped_steps)
+    self.consecutive = int(consecutive)
+    self._last_parts: list[str] = []
+
+  def update(self, step: int, update_metrics: list[dict]) -> dict[str, float]:
+    """Reads one step's update metrics; returns the metrics to log.
+
+    Args:
+      step: the step just done (1-based, as logged).
+      update_metrics: the metrics of each optimizer update of the step (host values).
+    """
+    parts = [name for flag, name in NONFINITE_FLAGS.items()
+             if any(float(m.get(flag, 0.0)) > 0 for m in update_metrics)]
+    skipped = sum(any(float(m.get(flag, 0.0)) > 0 for flag in NONFINITE_FLAGS)
+                  for m in update_metrics)
+    if skipped:
+      self.skipped_steps += 1
+      self.consecutive += 1
+      logging.warning("step %d: skipped %d of %d updates: non-finite %s (%d in a row)", step,
+                      skipped, len(update_metrics), ", ".join(parts), self.consecutive)
+    else:
+      self.consecutive = 0
+    self._last_parts = parts
+    return {"skipped_steps": float(self.skipped_steps),
+            "skipped_updates": float(skipped)}
+
+  def check(self, step: int) -> None:
+    """Raises `NonFiniteError` once more than `max_consecutive` steps in a row skipped."""
+    if self.consecutive > self.max_consecutive:
+      first = step - self.consecutive + 1
+      raise NonFiniteError(
+          f"steps {first}-{step}: {self.consecutive} steps in a row had a non-finite "
+          f"{' and '.join(self._last_parts)} and skipped their updates; "
+          f"config.train.max_consecutive_skips={self.max_consecutive} allows at most "
+          f"{self.max_consecutive}. The parameters have not changed since step {first - 1}; "
+          "lower the learning rate, or check the rewards and data of these steps")
+
+  def state(self) -> dict[str, int]:
+    """What a checkpoint keeps, to count on after a resume."""
+    return {"skipped_steps": self.skipped_steps, "consecutive_skips": self.consecutive}
+
