@@ -131,15 +131,29 @@ def _place_batch(arrays: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.Ar
   return {k: one(v) for k, v in arrays.items()}
 
 
+def _needs_old_logp(algo) -> bool:
+  """Whether a batch without sampler log-probs needs them recomputed.
+
+  Only an importance ratio, the KL-in-reward term, or an explicit
+  `algo.old_logp='recompute'` read them. Otherwise (SFT: targets from the dataset, ratio
+  `none`) the update takes `old_logp` = its own log-probs, stop-gradient, which is what
+  a recomputation gives for the first update and saves a forward pass per step.
+  """
+  return (algo.loss.ratio != "none" or algo.old_logp == "recompute"
+          or (algo.kl.coef > 0 and algo.kl.placement == "reward"))
+
+
 def _prepare(batch, policy, reference, value, *, algo, temperature, chunk_size):
   """Old/reference log-probs, values and advantages of a rollout batch (one program)."""
   out = dict(batch)
-  if "sampler_logp" in batch and algo.old_logp == "sampler":
-    old_logp = batch["sampler_logp"]
-  else:
-    old_logp, _ = steps.completion_logp(policy, batch, temperature=temperature, chunk_size=chunk_size)
   mask = batch["loss_mask"]
-  old_logp = jnp.where(mask > 0, old_logp, 0.0)
+  if "sampler_logp" in batch and algo.old_logp == "sampler":
+    old_logp = jnp.where(mask > 0, batch["sampler_logp"], 0.0)
+  elif _needs_old_logp(algo):
+    old_logp, _ = steps.completion_logp(policy, batch, temperature=temperature, chunk_size=chunk_size)
+    old_logp = jnp.where(mask > 0, old_logp, 0.0)
+  else:  # SFT: no behaviour log-probs and nothing reads them; the step uses its own
+    old_logp = None
   ref_logp = values = None
   if reference is not None:
     ref_logp, _ = steps.completion_logp(reference, batch, temperature=temperature, chunk_size=chunk_size)
@@ -150,7 +164,9 @@ def _prepare(batch, policy, reference, value, *, algo, temperature, chunk_size):
                                              ref_logp_BT=ref_logp, values_BT=values)
   if algo.tis_cap > 0 and "sampler_logp" in batch and algo.old_logp == "recompute":
     adv = adv * objectives.truncated_importance_weight(old_logp, batch["sampler_logp"], algo.tis_cap)
-  out.update(old_logp=old_logp, advantages=adv)
+  out["advantages"] = adv
+  if old_logp is not None:
+    out["old_logp"] = old_logp
   if ref_logp is not None and algo.kl.placement == "loss":
     out["ref_logp"] = ref_logp
   if values is not None:

@@ -3,7 +3,8 @@
 A training batch is a dict of arrays, B rows (prompt-major, G rows per prompt):
   tokens [B, S0 + N], attention_mask [B, S0 + N]: prompt (left-padded) + completion;
   loss_mask [B, N]: completion tokens that carry loss;
-  old_logp [B, N], advantages [B, N] (or [B]); ref_logp [B, N] when the KL is in the loss;
+  old_logp [B, N] (absent: the step's own log-probs, stop-gradient), advantages [B, N]
+  (or [B]); ref_logp [B, N] when the KL is in the loss;
   old_values [B, N], returns [B, N] for the value step.
 Which keys exist is decided by `config.algo`, once, in the loop; the steps never look
 at an algorithm's name.
@@ -136,7 +137,8 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
   def loss_fn(params, piece):
     model = model_static.replace(params=params)
     logp, entropy = completion_logp(model, piece, temperature=temperature, chunk_size=chunk_size)
-    return objectives.policy_loss(logp, piece["old_logp"], piece["advantages"], piece["loss_mask"],
+    old_logp = piece.get("old_logp", jax.lax.stop_gradient(logp))  # absent: see loop._prepare
+    return objectives.policy_loss(logp, old_logp, piece["advantages"], piece["loss_mask"],
                                   algo, ref_logp=piece.get("ref_logp"), entropy=entropy,
                                   counts=counts)
 
