@@ -10,6 +10,7 @@ a task's options (difficulty, split sizes, seed) are plain keyword arguments.
 
 Tasks: `arithmetic` (`12+7*3=` -> `33`), `countdown` (reach a target with + - * /).
 """
+import functools
 from typing import Sequence
 
 from jaxrl_llm.tasks import arithmetic
@@ -37,6 +38,13 @@ def load_split(name: str, split: str, **options) -> Sequence[dict]:
 
 
 def demonstrations(name: str, split: str, **options) -> Sequence[dict]:
-  """Like `load_split`, each record with its target `completion` added (for SFT)."""
+  """Like `load_split`, each record with its target `completion` added (for SFT).
+
+  Options in the task's `teacher_options` (e.g. arithmetic's `teacher_carry_error`)
+  also reach its `demonstration`; they change the completions, never the records.
+  """
   task = get_task(name)
-  return base.Demonstrations(load_split(name, split, **options), task.demonstration)
+  records = load_split(name, split, **options)
+  teacher = {k: v for k, v in options.items() if k in task.teacher_options}
+  return base.Demonstrations(records, functools.partial(task.demonstration, **teacher),
+                             key=f"{name}/{split}/demonstration")

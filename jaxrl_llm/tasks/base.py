@@ -24,14 +24,18 @@ class Task(NamedTuple):
 
   Attributes:
     load_split: `load_split(split, **options) -> Sequence[dict]`, split 'train' or 'eval'.
-    demonstration: `demonstration(record) -> str`, the target completion (SFT).
+    demonstration: `demonstration(record, rng, **teacher) -> str`, the target completion
+      (SFT); `rng` is a `random.Random` seeded by the split and the record's index (for a
+      teacher that errs at random), `teacher` the options named in `teacher_options`.
     reward_functions: the import paths of its rewards, exact match first.
     reward_weights: one weight per reward function.
+    teacher_options: the `load_split` options that change only the demonstrations.
   """
   load_split: Callable[..., Sequence[dict]]
-  demonstration: Callable[[dict], str]
+  demonstration: Callable[..., str]
   reward_functions: tuple[str, ...]
   reward_weights: tuple[float, ...]
+  teacher_options: tuple[str, ...] = ()
 
 
 def _check_index(i: int, size: int) -> int:
@@ -93,14 +97,21 @@ def make_split(make: Callable[[random.Random], dict], *, task: str, split: str,
 
 
 class Demonstrations(Sequence):
-  """A split's records, each with its target `completion` added (for SFT)."""
+  """A split's records, each with its target `completion` added (for SFT).
 
-  def __init__(self, records: Sequence[dict], demonstration: Callable[[dict], str]):
-    self._records, self._demonstration = records, demonstration
+  Record `i`'s completion is `demonstration(record, random.Random(f"{key}/{i}"))`, so a
+  random teacher is deterministic too, and independent from one record to the next.
+  """
+
+  def __init__(self, records: Sequence[dict],
+               demonstration: Callable[[dict, random.Random], str], *, key: str):
+    self._records, self._demonstration, self._key = records, demonstration, key
 
   def __len__(self) -> int:
     return len(self._records)
 
   def __getitem__(self, i: int) -> dict:
     record = self._records[i]
-    return {**record, "completion": self._demonstration(record)}
+    i = _check_index(i, len(self._records))
+    rng = random.Random(f"{self._key}/{i}")
+    return {**record, "completion": self._demonstration(record, rng)}

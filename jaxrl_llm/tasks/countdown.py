@@ -96,8 +96,9 @@ def load_split(split: str, *, seed: int = 0, num_train: int = 100_000,
                          num_train=num_train, num_eval=num_eval)
 
 
-def demonstration(record: dict) -> str:
-  """The target completion: the record's known solution."""
+def demonstration(record: dict, rng=None) -> str:
+  """The target completion: the record's known solution (`rng` unused)."""
+  del rng
   return record["solution"]
 
 

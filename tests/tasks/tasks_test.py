@@ -1,5 +1,6 @@
 """Built-in tasks: deterministic disjoint splits, valid problems, demonstrations."""
 import random
+import re
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -130,6 +131,89 @@ class DemonstrationsTest(parameterized.TestCase):
       self.assertEqual(record["prompt"],
                        f"Use {' '.join(map(str, record['numbers']))} to make "
                        f"{record['target']}:")
+
+
+def needs_carry(prompt: str) -> bool:
+  """Whether `a+b=` / `a-b=` needs a carry or a borrow: some column overflows on its own."""
+  a, op, b = re.fullmatch(r"(\d+)([+-])(\d+)=", prompt).groups()
+  x, y = sorted((int(a), int(b)), reverse=True)
+  while x or y:
+    if x % 10 + y % 10 >= 10 if op == "+" else x % 10 < y % 10:
+      return True
+    x, y = x // 10, y // 10
+  return False
+
+
+class SloppyTeacherTest(parameterized.TestCase):
+  OPTIONS = dict(min_operands=2, max_operands=2, max_value=30, operators="+-",
+                 num_train=4000, num_eval=50)
+
+  @parameterized.parameters(
+      ("25+17=", 42, "32"), ("23-7=", 16, "26"), ("7-23=", -16, "-26"), ("19+1=", 20, "10"),
+      ("30-9=", 21, "31"), ("100-1=", 99, "109"), ("95+7=", 102, "92"))
+  def test_forgets_the_carry(self, prompt, answer, sloppy):
+    always = arithmetic.demonstration({"prompt": prompt, "answer": answer}, random.Random(0),
+                                      teacher_carry_error=1.0)
+    self.assertEqual(always, sloppy)
+
+  @parameterized.parameters("12+7=", "29-13=", "3-14=", "30+0=", "0-0=", "12*3=", "1+2+8=")
+  def test_exact_without_a_carry_or_two_operands_of_plus_minus(self, prompt):
+    answer = expression.evaluate(prompt[:-1]).value
+    demo = arithmetic.demonstration({"prompt": prompt, "answer": answer}, random.Random(0),
+                                    teacher_carry_error=1.0)
+    self.assertEqual(demo, str(answer))
+
+  def test_error_rate_and_exact_answers(self):
+    demos = tasks.demonstrations("arithmetic", "train", teacher_carry_error=0.6,
+                                 **self.OPTIONS)
+    exact = tasks.load_split("arithmetic", "train", **self.OPTIONS)
+    carry = wrong = 0
+    for i in range(len(demos)):
+      demo = demos[i]
+      self.assertEqual({k: v for k, v in demo.items() if k != "completion"}, exact[i])
+      self.assertEqual(demo["answer"], expression.evaluate(demo["prompt"][:-1]).value)
+      if needs_carry(demo["prompt"]):
+        carry += 1
+        wrong += demo["completion"] != str(demo["answer"])
+        self.assertIn(abs(int(demo["completion"]) - demo["answer"]), (0, 10))
+      else:
+        self.assertEqual(demo["completion"], str(demo["answer"]))
+    self.assertGreater(carry, 1000)  # about 40% of these problems need a carry
+    self.assertAlmostEqual(wrong / carry, 0.6, delta=0.04)
+    # Deterministic, and independent from record to record: the same problem drawn at
+    # two indices can be demonstrated differently.
+    again = tasks.demonstrations("arithmetic", "train", teacher_carry_error=0.6,
+                                 **self.OPTIONS)
+    self.assertEqual([demos[i] for i in range(200)], [again[i] for i in range(200)])
+    by_prompt = {}
+    for i in range(len(demos)):
+      by_prompt.setdefault(demos[i]["prompt"], set()).add(demos[i]["completion"])
+    self.assertTrue(any(len(c) == 2 for c in by_prompt.values()))
+
+  def test_default_is_an_exact_teacher(self):
+    plain = tasks.demonstrations("arithmetic", "train", **self.OPTIONS)
+    zero = tasks.demonstrations("arithmetic", "train", teacher_carry_error=0.0,
+                                **self.OPTIONS)
+    for i in range(500):
+      self.assertEqual(plain[i]["completion"], str(plain[i]["answer"]))
+      self.assertEqual(plain[i], zero[i])
+
+  def test_records_unchanged(self):
+    for split in ("train", "eval"):
+      plain = tasks.load_split("arithmetic", split, **self.OPTIONS)
+      sloppy = tasks.load_split("arithmetic", split, teacher_carry_error=0.6, **self.OPTIONS)
+      self.assertEqual([plain[i] for i in range(50)], [sloppy[i] for i in range(50)])
+
+  @parameterized.parameters(-0.1, 1.5, float("nan"))
+  def test_bad_rate(self, rate):
+    with self.assertRaisesRegex(ValueError, "teacher_carry_error is a probability in"):
+      tasks.demonstrations("arithmetic", "train", teacher_carry_error=rate)
+    with self.assertRaisesRegex(ValueError, "teacher_carry_error"):
+      tasks.load_split("arithmetic", "eval", teacher_carry_error=rate)
+
+  def test_countdown_has_no_sloppy_teacher(self):
+    with self.assertRaises(TypeError):
+      tasks.demonstrations("countdown", "train", teacher_carry_error=0.5)
 
 
 class GeneratedSplitTest(absltest.TestCase):
