@@ -7,6 +7,12 @@ exactly 64 new tokens (no EOS), temperature 1.0.
   python bench/sampler.py                # ours and HF generate, 3 interleaved rounds
   python bench/sampler.py --rounds 5     # more rounds
   python bench/sampler.py --no-hf        # ours only
+  python bench/sampler.py --devices 1    # ours on one XLA CPU device (default: one per core)
+
+Cores. XLA runs one CPU device's program mostly on one core (its matmuls at 64 rows gain
+only 1.25-1.5x from a second thread), so ours exposes one XLA CPU device per core and
+shards the 64 rows over them on the mesh's `data` axis, the program that runs on a TPU
+slice; HF uses torch's intra-op threads (one per core). Both use every core.
 
 Fairness. Each measurement runs in its own fresh process that imports only its own framework
 (jax for ours, torch for HF), so neither's thread pool competes with or warms up the other,
@@ -74,11 +80,19 @@ def worker_hf(path, reps):
   return dict(total=total, prefill=prefill, threads=torch.get_num_threads())  # nothing to compile
 
 
-def worker_ours(path, reps):
+def worker_ours(path, reps, devices):
+  # One XLA CPU device per core, the batch sharded over them (the mesh's data axis): the
+  # same program that runs data-parallel over the chips of a TPU slice.
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + f" --xla_force_host_platform_device_count={devices}")
   import jax
   from jaxrl_llm import models, sampling
+  from jaxrl_llm import sharding as sh
   model = models.from_pretrained(path)
-  model = models.Model(jax.device_put(model.params), model.config)
+  if devices > 1:
+    model = models.place(model, sh.make_mesh({"data": devices, "fsdp": 1, "tensor": 1}))
+  else:
+    model = models.Model(jax.device_put(model.params), model.config)
   prompts, seeds = _prompts(), iter(range(10_000))
 
   def timed(new_tokens):
@@ -93,12 +107,12 @@ def worker_ours(path, reps):
 
   total, first = timed(NEW)
   prefill, _ = timed(1)
-  return dict(total=total, prefill=prefill, compile=first - total)
+  return dict(total=total, prefill=prefill, compile=first - total, devices=len(jax.devices()))
 
 
-def _spawn(which, path, reps):
+def _spawn(which, path, reps, devices):
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", which, "--path", path,
-         "--reps", str(reps)]
+         "--reps", str(reps), "--devices", str(devices)]
   out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
   result = json.loads(out.strip().splitlines()[-1])
   result["load"] = os.getloadavg()[0]
@@ -122,10 +136,14 @@ def main():
   ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--worker", choices=("ours", "hf"))
   ap.add_argument("--path")
+  ap.add_argument("--devices", type=int, default=os.cpu_count(),
+                  help="XLA CPU devices for ours (default: one per core)")
   args = ap.parse_args()
-  if args.worker:
-    fn = worker_ours if args.worker == "ours" else worker_hf
-    print(json.dumps(fn(args.path, args.reps)))
+  if args.worker == "ours":
+    print(json.dumps(worker_ours(args.path, args.reps, args.devices)))
+    return 0
+  if args.worker == "hf":
+    print(json.dumps(worker_hf(args.path, args.reps)))
     return 0
 
   import torch
@@ -139,9 +157,9 @@ def main():
 
   ours, theirs = [], []
   for r in range(args.rounds):
-    ours.append(_spawn("ours", path, args.reps))
+    ours.append(_spawn("ours", path, args.reps, args.devices))
     if not args.no_hf:
-      theirs.append(_spawn("hf", path, args.reps))
+      theirs.append(_spawn("hf", path, args.reps, args.devices))
     print(f"round {r}: ours {TOKENS / ours[-1]['total']:,.0f} tokens/s (load {ours[-1]['load']:.1f})"
           + ("" if args.no_hf else f", HF {TOKENS / theirs[-1]['total']:,.0f} tokens/s "
                                     f"(load {theirs[-1]['load']:.1f})"), flush=True)
@@ -150,7 +168,7 @@ def main():
         f"float32, {os.cpu_count()} CPUs; medians over {args.rounds} rounds of {args.reps} calls\n")
   print("| sampler | s/call | tokens/s | prefill s | decode s | decode tokens/s | compile s |")
   print("|---|---|---|---|---|---|---|")
-  print(_row("jaxrl_llm sampler", ours))
+  print(_row(f"jaxrl_llm sampler ({ours[0]['devices']} CPU devices, batch over 'data')", ours))
   if args.no_hf:
     return 0
   print(_row(f"HF transformers generate ({theirs[0]['threads']} torch threads)", theirs))

@@ -128,24 +128,32 @@ class Attention(nn.Module):
     cfg = self.cfg
     D, H, K, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
+    G = H // K  # GQA: each of the K kv heads serves G query heads
     qkv_bias = lambda heads: (heads, sh.HEAD_DIM) if cfg.qkv_bias else None
-    q_BTHd = Linear("BTD,DHd->BTHd", (D, H, Dh), (sh.EMBED, sh.HEADS, sh.HEAD_DIM),
-                    qkv_bias(sh.HEADS), dt, pdt, name="q_proj")(x_BTD)
-    k_BTKd = Linear("BTD,DKd->BTKd", (D, K, Dh), (sh.EMBED, sh.KV_HEADS, sh.HEAD_DIM),
-                    qkv_bias(sh.KV_HEADS), dt, pdt, name="k_proj")(x_BTD)
-    v_BTKd = Linear("BTD,DKd->BTKd", (D, K, Dh), (sh.EMBED, sh.KV_HEADS, sh.HEAD_DIM),
-                    qkv_bias(sh.KV_HEADS), dt, pdt, name="v_proj")(x_BTD)
+    q = Linear("BTD,DHd->BTHd", (D, H, Dh), (sh.EMBED, sh.HEADS, sh.HEAD_DIM),
+               qkv_bias(sh.HEADS), dt, pdt, name="q_proj")
+    k = Linear("BTD,DKd->BTKd", (D, K, Dh), (sh.EMBED, sh.KV_HEADS, sh.HEAD_DIM),
+               qkv_bias(sh.KV_HEADS), dt, pdt, name="k_proj")
+    v = Linear("BTD,DKd->BTKd", (D, K, Dh), (sh.EMBED, sh.KV_HEADS, sh.HEAD_DIM),
+               qkv_bias(sh.KV_HEADS), dt, pdt, name="v_proj")
+    # One matmul for q, k and v (as for gate/up in `Mlp`): per kv head, its G query heads,
+    # then its key and its value, so the kv-head axis keeps the tensor sharding.
+    group = lambda w, n: jnp.concatenate([w(q).reshape(n + (K, G, Dh)), w(k)[..., None, :],
+                                          w(v)[..., None, :]], axis=-2).astype(dt)
+    B, T = x_BTD.shape[:2]
+    qkv_BTKCd = jnp.einsum("BTD,DKCd->BTKCd", x_BTD.astype(dt), group(lambda m: m.kernel, (D,)))
+    if cfg.qkv_bias:
+      qkv_BTKCd = qkv_BTKCd + _lead(group(lambda m: m.bias, ()), 5)
+    q_BTHd = qkv_BTKCd[:, :, :, :G].reshape(B, T, H, Dh)
+    k_BTKd, v_BTKd = qkv_BTKCd[:, :, :, G], qkv_BTKCd[:, :, :, G + 1]
     if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim, before RoPE
       q_BTHd = RMSNorm(cfg.rms_norm_eps, dt, pdt, sh.HEAD_DIM, name="q_norm")(q_BTHd)
       k_BTKd = RMSNorm(cfg.rms_norm_eps, dt, pdt, sh.HEAD_DIM, name="k_norm")(k_BTKd)
     q_BTHd = apply_rope(q_BTHd, *rope)
     k_BTKd = apply_rope(k_BTKd, *rope)
 
-    B, T = x_BTD.shape[:2]
     k_BKTd, v_BKTd = k_BTKd.transpose(0, 2, 1, 3), v_BTKd.transpose(0, 2, 1, 3)
-    # GQA: each of the K kv heads serves G = H // K query heads, so both products are plain
-    # batched matmuls over (B, K).
-    G = H // K
+    # Both attention products are plain batched matmuls over (B, K).
     q_BKGTd = q_BTHd.reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4)
     if cache is None:  # keys are the current tokens: S == T
       new_cache = None
