@@ -173,7 +173,7 @@ def train_config() -> ConfigDict:
       "micro_batch_size": 32,  # sequences per forward/backward; gradients accumulate
       "eval_every": 50,
       "log_every": 1,
-      "max_consecutive_skips": 3,  # steps with no usable group before failing
+      "max_consecutive_skips": 3,  # skipped (non-finite) steps in a row allowed; one more stops
       "peak_flops_per_device": 0.0,  # for MFU; 0.0 = measure
       "logprob_chunk_size": 256,  # sequence positions per logit chunk
   })
