@@ -143,12 +143,9 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
                                   counts=counts)
 
   loss, metrics, grads = accumulate(loss_fn, state.policy_params, batch, num_micro)
-  grad_norm = optax.global_norm(grads)
-  updates, policy_opt = optimizer.update(grads, state.policy_opt, state.policy_params)
-  params = optax.apply_updates(state.policy_params, updates)
-  (params, policy_opt), skipped = _unless_nonfinite(
-      loss, grad_norm, (params, policy_opt), (state.policy_params, state.policy_opt))
-  metrics = dict(metrics, loss=loss, grad_norm=grad_norm, **skipped)
+  params, policy_opt, update_metrics = _apply_unless_nonfinite(
+      optimizer, loss, grads, state.policy_params, state.policy_opt)
+  metrics = dict(metrics, loss=loss, **update_metrics)
   return state.replace(policy_params=params, policy_opt=policy_opt), metrics
 
 
@@ -164,28 +161,30 @@ def value_step(state: TrainState, batch, *, model_static: models.Model, algo, op
     return algo.value.coef * loss, dict(metrics, value_loss=loss)
 
   loss, metrics, grads = accumulate(loss_fn, state.value_params, batch, num_micro)
-  grad_norm = optax.global_norm(grads)
-  updates, value_opt = optimizer.update(grads, state.value_opt, state.value_params)
-  params = optax.apply_updates(state.value_params, updates)
-  (params, value_opt), skipped = _unless_nonfinite(
-      loss, grad_norm, (params, value_opt), (state.value_params, state.value_opt))
-  metrics = dict(metrics, value_grad_norm=grad_norm,
-                 **{f"value_{k}": v for k, v in skipped.items()})
+  params, value_opt, update_metrics = _apply_unless_nonfinite(
+      optimizer, loss, grads, state.value_params, state.value_opt)
+  metrics = dict(metrics, **{f"value_{k}": v for k, v in update_metrics.items()})
   return state.replace(value_params=params, value_opt=value_opt), metrics
 
 
-def _unless_nonfinite(loss, grad_norm, updated, current):
-  """`updated` if the loss and the gradient norm are finite, else `current` (skip).
+def _apply_unless_nonfinite(optimizer, loss, grads, params, opt_state):
+  """One optimizer update, skipped if the loss or the gradient norm is not finite.
 
   The gradient norm is non-finite exactly when some gradient entry is (or the sum of
-  squares overflows, which no optimizer step survives either). Returns the chosen tree
-  and 0/1 flags saying which part was non-finite; the trainer counts and reports them.
+  squares overflows, which no optimizer step survives either). A skipped update returns
+  `params` and `opt_state` unchanged. Returns (params, opt_state, metrics): `grad_norm`
+  and 0/1 flags saying which part was non-finite, which the trainer counts and reports.
   """
+  grad_norm = optax.global_norm(grads)
+  updates, new_opt_state = optimizer.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
   bad_loss, bad_grad = ~jnp.isfinite(loss), ~jnp.isfinite(grad_norm)
   skip = bad_loss | bad_grad
-  chosen = jax.tree.map(lambda new, old: jnp.where(skip, old, new), updated, current)
-  return chosen, {"nonfinite_loss": bad_loss.astype(jnp.float32),
-                  "nonfinite_grad": bad_grad.astype(jnp.float32)}
+  params, opt_state = jax.tree.map(lambda new, old: jnp.where(skip, old, new),
+                                   (new_params, new_opt_state), (params, opt_state))
+  return params, opt_state, {"grad_norm": grad_norm,
+                             "nonfinite_loss": bad_loss.astype(jnp.float32),
+                             "nonfinite_grad": bad_grad.astype(jnp.float32)}
 
 
 def next_step(state: TrainState) -> TrainState:
