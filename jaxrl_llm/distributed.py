@@ -67,17 +67,24 @@ def _env_int(name: str) -> int:
     raise ValueError(f"environment variable {name}={value!r}: expected an integer") from None
 
 
-def concat(x: np.ndarray) -> np.ndarray:
-  """Every process's `x` concatenated along axis 0, in process order (all get all)."""
-  x = np.asarray(x)
+def concat(tree):
+  """Every process's host arrays (a pytree) concatenated along axis 0, in process order.
+
+  One collective for the whole tree; every process gets the result.
+  """
   if jax.process_count() == 1:
-    return x
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.tree.map(np.asarray, tree)
+  return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
 def max_int(value: int) -> int:
   """The largest of the processes' `value`s."""
   return int(concat(np.asarray([value], np.int64)).max())
+
+
+def sum_int(value: int) -> int:
+  """The sum of the processes' `value`s."""
+  return int(concat(np.asarray([value], np.int64)).sum())
 
 
 def any_true(flag: bool) -> bool:
@@ -90,9 +97,17 @@ def all_true(flag: bool) -> bool:
   return not any_true(not flag)
 
 
-def local_rows(x: np.ndarray) -> np.ndarray:
-  """This process's equal share of a global batch of rows, in process order."""
+def local_rows(tree):
+  """Global arrays (a pytree) -> this process's equal share of their rows, as numpy.
+
+  The share is rows [p * n, (p + 1) * n) for process p, matching `put_process_rows`
+  in `jaxrl_llm.sharding`. With one process: the whole arrays.
+  """
   if jax.process_count() == 1:
-    return x
-  n = x.shape[0] // jax.process_count()
-  return x[jax.process_index() * n:(jax.process_index() + 1) * n]
+    return jax.device_get(tree)
+  p, count = jax.process_index(), jax.process_count()
+
+  def mine(x):
+    n = x.shape[0] // count
+    return x[p * n:(p + 1) * n]
+  return jax.tree.map(mine, concat(tree))

@@ -34,7 +34,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from jax.experimental import multihost_utils
 
 from jaxrl_llm import distributed, models
 from jaxrl_llm import sharding as sh
@@ -267,14 +266,9 @@ class Sampler:
     if (self._cache is None or len(self._cache) != model.config.num_layers
         or self._cache[0]["v"].shape != shape):
       self._cache = self._new_cache(model, B, N)
-    if multi:
-      global_shape = (tokens.shape[0] * jax.process_count(), tokens.shape[1])
-      batch = sh.named_sharding((sh.BATCH, sh.SEQ), global_shape, model.mesh, model.rules)
-      tokens, mask = (jax.make_array_from_process_local_data(batch, x, global_shape)
+    if model.mesh is not None:
+      tokens, mask = (sh.put_process_rows(x, (sh.BATCH, sh.SEQ), model.mesh, model.rules)
                       for x in (tokens, mask))
-    elif model.mesh is not None:
-      batch = sh.named_sharding((sh.BATCH, sh.SEQ), tokens.shape, model.mesh, model.rules)
-      tokens, mask = sh.put((tokens, mask), (batch, batch))
     key = seed if isinstance(seed, jax.Array) else jax.random.key(seed)
     if multi:  # the same key on every process, as one replicated global array
       key = _replicated_key(key, model.mesh)
@@ -284,11 +278,7 @@ class Sampler:
   def sample_local(self, model: models.Model, prompts: Sequence[Sequence[int]],
                    seed) -> SampleOutput:
     """`self(...)`, as numpy on the host: this process's rows only (all of them with one)."""
-    out = self(model, prompts, seed)
-    if jax.process_count() == 1:
-      return jax.device_get(out)
-    return jax.tree.map(lambda x: distributed.local_rows(
-        np.asarray(multihost_utils.process_allgather(x, tiled=True))), out)
+    return distributed.local_rows(self(model, prompts, seed))
 
   def _new_cache(self, model, B, S):
     cfg = model.config

@@ -195,5 +195,17 @@ def put(tree, shardings):
   return jax.tree.map(one, tree, shardings)
 
 
+def put_process_rows(x, names: tuple, mesh: Mesh, rules: Rules) -> jax.Array:
+  """This process's rows of a batch (host array) -> the global array of every process's.
+
+  Process p's n rows become rows [p * n, (p + 1) * n) of the global array, sharded by the
+  logical axis `names` (the batch axis first). With one process: the whole array, placed.
+  """
+  x = np.asarray(x)
+  global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
+  sharding = named_sharding(names, global_shape, mesh, rules)
+  return jax.make_array_from_process_local_data(sharding, x, global_shape)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())

@@ -123,12 +123,8 @@ def _batch_arrays(r: rollout_lib.Rollout, G: int, mask_truncated: bool) -> dict[
 
 def _place_batch(arrays: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.Array]:
   """Each process's rows -> global arrays sharded over the batch axis."""
-  def one(x):
-    names = (sh.BATCH,) + (None,) * (x.ndim - 1)
-    global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
-    sharding = sh.named_sharding(names, global_shape, mesh, rules)
-    return jax.make_array_from_process_local_data(sharding, x, global_shape)
-  return {k: one(v) for k, v in arrays.items()}
+  return {k: sh.put_process_rows(v, (sh.BATCH,) + (None,) * (v.ndim - 1), mesh, rules)
+          for k, v in arrays.items()}
 
 
 def _needs_old_logp(algo) -> bool:
@@ -365,6 +361,7 @@ class Evaluator:
 
   def __call__(self, policy) -> dict[str, float]:
     values: dict[str, list] = {}
+    valid: list[np.ndarray] = []
     for batch in data.sequential_batches(self.dataset, self.config.train.prompts_per_step,
                                          process_index=jax.process_index(),
                                          process_count=jax.process_count()):
@@ -375,11 +372,11 @@ class Evaluator:
       scored = self.reward_set(batch.prompts, completions, **batch.fields())
       for name, v in [("total", scored.total), *scored.per_function.items()]:
         values.setdefault(name, []).append(np.where(batch.valid, v, 0.0))
-      values.setdefault("_valid", []).append(batch.valid.astype(np.float64))
+      valid.append(batch.valid)
     # Sums over every process's valid records (padding records count for nothing).
-    valid = distributed.concat(np.concatenate(values.pop("_valid"))).sum()
-    means = {f"eval/reward/{k}": float(distributed.concat(np.concatenate(v)).sum() / valid)
-             for k, v in values.items()}
+    sums, count = distributed.concat(({k: np.concatenate(v) for k, v in values.items()},
+                                      np.concatenate(valid)))
+    means = {f"eval/reward/{k}": float(v.sum() / count.sum()) for k, v in sums.items()}
     first = self.reward_set.names[0]
     means["eval/accuracy"] = means[f"eval/reward/{first}"]  # the first reward function
     return means

@@ -146,22 +146,23 @@ class SampledRollouts:
                             for b, p in chosen])
     per_function = {name: take(lambda blk, n=name: blk["scored"].per_function[n])
                     for name in blocks[0]["scored"].per_function}
-    # Metrics describe the global batch: every process's rows (`distributed.concat`).
-    every = distributed.concat
-    metrics = {f"reward/{k}": float(every(v).mean()) for k, v in per_function.items()}
-    all_total = every(total)
+    # Metrics describe the global batch: every process's rows, gathered in one collective.
+    every = distributed.concat(dict(
+        per_function=per_function, total=total, lengths=lengths, truncated=truncated,
+        group_valid=group_valid, shaped=shaped, truncated_prompts=np.asarray([truncated_prompts]),
+        informative=np.concatenate([b["informative"] for b in blocks])))
+    metrics = {f"reward/{k}": float(v.mean()) for k, v in every["per_function"].items()}
     metrics.update(
-        reward_mean=float(all_total.mean()), reward_std=float(all_total.std()),
-        zero_variance_group_frac=float(np.mean(~every(
-            np.concatenate([b["informative"] for b in blocks])))),
-        response_length_mean=float(every(lengths).mean()),
-        truncated_frac=float(every(truncated).mean()),
-        prompts_truncated=float(every(np.asarray([truncated_prompts])).sum()))
+        reward_mean=float(every["total"].mean()), reward_std=float(every["total"].std()),
+        zero_variance_group_frac=float(np.mean(~every["informative"])),
+        response_length_mean=float(every["lengths"].mean()),
+        truncated_frac=float(every["truncated"].mean()),
+        prompts_truncated=float(every["truncated_prompts"].sum()))
     if algo.dynamic_sampling.enabled:
       metrics.update(dynamic_sampling_rounds=float(rounds),
-                     dynamic_sampling_filler_frac=float(1 - every(group_valid).mean()))
+                     dynamic_sampling_filler_frac=float(1 - every["group_valid"].mean()))
     if algo.overlong.enabled:
-      metrics["reward_shaped_mean"] = float(every(shaped).mean())
+      metrics["reward_shaped_mean"] = float(every["shaped"].mean())
     return Rollout(
         prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
         tokens=take(lambda blk: blk["out"].tokens), mask=take(lambda blk: blk["out"].mask),
@@ -212,7 +213,6 @@ class DatasetRollouts:
         group_valid=np.ones(P, bool),
         metrics=dict(response_length_mean=float(distributed.concat(lengths).mean()),
                      truncated_frac=float(distributed.concat(truncated).mean()),
-                     prompts_truncated=float(distributed.concat(
-                         np.asarray([tok.num_truncated])).sum())),
+                     prompts_truncated=float(distributed.sum_int(tok.num_truncated))),
         position=batch.position + 1, prompts=batch.prompts,
         completions=[r["completion"] for r in batch.records])
