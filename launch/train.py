@@ -58,8 +58,40 @@ def main(argv):
     sys.exit(guards.PREEMPTED_EXIT_CODE)
 
 
+def _parse_flags(argv):
+  """absl's flag parsing, with one clear line and exit status 2 for bad flags.
+
+  Covers what absl's own parser reports (a bad value, a missing flag), a misspelt
+  `--config.x.y` override (ml_collections raises before any config exists) and a bad
+  argument after the config file's colon (its `get_config` raises ValueError).
+  """
+  try:
+    args = flags.FLAGS(argv)
+    _CONFIG.value.keys()  # a config file that failed to load raises its error here
+    return args
+  except (flags.Error, OSError) as e:
+    _usage_error(str(e))
+  except (AttributeError, KeyError) as e:
+    from jaxrl_llm.training import validation  # pylint: disable=g-import-not-at-top
+    for arg in argv[1:]:
+      path = arg.lstrip("-").partition("=")[0]
+      if path.startswith("config.") and (error := validation.unknown_key(path[len("config."):])):
+        _usage_error(f"{arg}: {error}")
+    _usage_error(f"a --config override: {e}")
+  except ValueError as e:
+    _usage_error(f"--config: {e}")
+
+
+def _usage_error(message: str):
+  if "Traceback (most recent call last)" in message:  # keep the config file's own error
+    lines = [line for line in message.splitlines() if line.strip()]
+    message = f"{lines[0]} {lines[-1]}"
+  print(f"{message}\nPass --helpshort or --helpfull to see help on flags.", file=sys.stderr)
+  sys.exit(2)
+
+
 def run():
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

@@ -83,14 +83,34 @@ def check_known_keys(config, schema=None) -> None:
     raise ValueError("\n".join(errors))
 
 
+def unknown_key(path: str, schema=None) -> str | None:
+  """The error for a dotted config path (`train.stepz`) that the schema lacks, else None.
+
+  For command-line overrides (`--config.train.stepz=3`), which ml_collections rejects
+  before any config object exists. Keys under a group that is empty in the schema
+  (`data.task_options`) are free-form: None.
+  """
+  node, prefix = config_schema.base_config() if schema is None else schema, "config"
+  for key in path.split("."):
+    if not _is_group(node) or not len(node):
+      return None
+    if key not in node:
+      return _unknown_key_message(key, node, prefix)
+    node, prefix = node[key], f"{prefix}.{key}"
+  return None
+
+
+def _unknown_key_message(key: str, schema, prefix: str) -> str:
+  close = difflib.get_close_matches(key, list(schema.keys()), n=1)
+  hint = f"did you mean {prefix}.{close[0]}?" if close else f"expected one of {sorted(schema.keys())}"
+  return f"{prefix}.{key} is not a known key; {hint}"
+
+
 def _compare_keys(config, schema, prefix: str, errors: list[str]) -> None:
   for key in config.keys():
     name = f"{prefix}.{key}"
     if key not in schema:
-      close = difflib.get_close_matches(key, list(schema.keys()), n=1)
-      hint = (f"did you mean {prefix}.{close[0]}?" if close
-              else f"expected one of {sorted(schema.keys())}")
-      errors.append(f"{name} is not a known key; {hint}")
+      errors.append(_unknown_key_message(key, schema, prefix))
     elif _is_group(schema[key]) and len(schema[key]):
       if _is_group(config[key]):
         _compare_keys(config[key], schema[key], name, errors)

@@ -67,18 +67,28 @@ class ConfigKeysTest(CatalogTest):
 
   @parameterized.named_parameters(
       # Presets are locked: ml_collections refuses the key while absl parses the flags.
-      ("mistyped_field", ["--config=configs/smoke.py", "--config.train.stepz=3"],
-       r'Did you mean "steps" instead of "stepz"\?'),
+      ("mistyped_field", ["--config=configs/smoke.py", "--config.train.stepz=3"], re.escape(
+          "--config.train.stepz=3: config.train.stepz is not a known key; "
+          "did you mean config.train.steps?")),
+      ("mistyped_group", ["--config=configs/smoke.py", "--config.trian.steps=3"], re.escape(
+          "--config.trian.steps=3: config.trian is not a known key; did you mean config.train?")),
+      ("bad_value", ["--config=configs/smoke.py", "--config.train.steps=abc"],
+       r"flag --config.train.steps=abc: invalid literal for int\(\)"),
       ("argument_smoke_does_not_take", ["--config=configs/smoke.py:runlocal"],
        r"Unknown config argument 'runlocal'; valid: \[\]"),
+      ("unknown_preset", ["--config=configs/arithmetic.py:preset=grpp"],
+       r"preset='grpp': expected one of grpo, "),
+      ("missing_config_file", ["--config=configs/nonexistent.py"],
+       r"No such file or directory: 'configs/nonexistent.py'"),
   )
   def test_command_line(self, flags, message):
     workdir = self.new_workdir()
     run = subprocess.run([sys.executable, "-m", "launch.train", f"--workdir={workdir}", *flags],
                          cwd=REPO, capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    self.assertNotEqual(run.returncode, 0)
+    self.assertEqual(run.returncode, 2, run.stderr)
     self.assertRegex(run.stderr, message)
+    self.assertNotIn("Traceback", run.stderr)  # one clear line, not a stack
     self.assertFalse(os.path.exists(workdir))
 
   @parameterized.named_parameters(
@@ -97,6 +107,14 @@ class ConfigKeysTest(CatalogTest):
       node = node[part]
     node[key] = 3
     self.assert_refused_untouched(config, ValueError, message)
+
+  def test_unknown_key_of_a_dotted_path(self):
+    self.assertIsNone(validation.unknown_key("train.steps"))
+    self.assertIsNone(validation.unknown_key("data.task_options.max_value"))  # free-form group
+    self.assertEqual(validation.unknown_key("algo.loss.clip_hgih"),
+                     "config.algo.loss.clip_hgih is not a known key; "
+                     "did you mean config.algo.loss.clip_high?")
+    self.assertIsNone(validation.unknown_key("train.steps.x"))  # below a field: not a key error
 
   def test_missing_key(self):
     config = small_config()
