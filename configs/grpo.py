@@ -10,7 +10,11 @@ Run:
   python -m launch.train --config=configs/grpo.py:runlocal --workdir=/tmp/grpo_local  # CPU
 Hardware: the default tiny model runs on one CPU/GPU/TPU host; set `model.path` and
 `mesh` for a real model.
-Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+Expected result: measured on the demo's task, not with a real model (no weights on
+this machine): `--config=configs/arithmetic.py:preset=grpo` (100 steps, seed 0, 2 CPU
+cores, 88 s) took held-out greedy accuracy from 0.637 to 0.836 at step 20 and
+0.910 at step 100; README's "Recipes side by side" has every preset. The default
+tiny random model is for smoke runs.
 """
 from configs import common
 

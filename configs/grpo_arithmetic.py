@@ -20,31 +20,12 @@ Expected result (measured, seed 0, 200 steps): held-out greedy accuracy 0.637 at
 problems that need a carry greedy accuracy went from 0.09 to 0.87, on the others from
 0.975 to 0.943.
 """
+from configs import arithmetic
 from configs import common
 from configs import grpo
-from configs import sft_arithmetic
-from jaxrl_llm import assets
 
 
 def get_config(arg=None):
   arg = common.parse_arg(arg, steps=200, runlocal=False)
-  config = grpo.get_config()
-  config.model.path = assets.path("arithmetic_sft")
-  config.data.source = "task:arithmetic"
-  config.data.task_options = sft_arithmetic.TASK_OPTIONS
-  config.sampling.num_samples = 8
-  config.sampling.max_new_tokens = 4
-  config.sampling.max_prompt_len = 8  # the longest prompt, '30-30=', is 6 characters
-  config.sampling.prompt_buckets = (8,)
-  config.train.steps = arg.steps
-  config.train.prompts_per_step = 64
-  config.train.micro_batch_size = 256
-  config.train.eval_every = 20
-  config.train.logprob_chunk_size = 4
-  config.optimizer.lr = 1e-4  # 3e-4 rises as fast, then wobbles lower (0.80-0.89)
-  config.optimizer.warmup_steps = 5
-  config.checkpoint.every = 100
-  if arg.runlocal:
-    config.train.steps, config.train.prompts_per_step, config.train.eval_every = 2, 4, 0
-    config.train.micro_batch_size = 32
+  config = arithmetic.apply(grpo.get_config(), arg.steps, arg.runlocal)
   return config

@@ -10,7 +10,11 @@ Run:
   python -m launch.train --config=configs/ppo.py --workdir=/tmp/ppo
   python -m launch.train --config=configs/ppo.py:runlocal --workdir=/tmp/ppo_local  # CPU
 Hardware: as configs/grpo.py, plus a value model the size of the policy backbone.
-Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+Expected result: measured on the demo's task, not with a real model (no weights on
+this machine): `--config=configs/arithmetic.py:preset=ppo` (100 steps, seed 0, 2 CPU
+cores, 400 s) took held-out greedy accuracy from 0.637 to 0.895 at step 20 and
+0.898 at step 100; README's "Recipes side by side" has every preset. The default
+tiny random model is for smoke runs.
 """
 from configs import common
 

@@ -10,7 +10,11 @@ Run:
   python -m launch.train --config=configs/reinforce_pp.py --workdir=/tmp/reinforce_pp
   python -m launch.train --config=configs/reinforce_pp.py:runlocal --workdir=/tmp/rpp_local
 Hardware: as configs/grpo.py.
-Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+Expected result: measured on the demo's task, not with a real model (no weights on
+this machine): `--config=configs/arithmetic.py:preset=reinforce_pp` (100 steps, seed 0, 2 CPU
+cores, 77 s) took held-out greedy accuracy from 0.637 to 0.859 at step 20 and
+0.906 at step 100; README's "Recipes side by side" has every preset. The default
+tiny random model is for smoke runs.
 """
 from configs import common
 

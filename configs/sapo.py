@@ -9,7 +9,11 @@ Run:
   python -m launch.train --config=configs/sapo.py --workdir=/tmp/sapo
   python -m launch.train --config=configs/sapo.py:runlocal --workdir=/tmp/sapo_local  # CPU
 Hardware: as configs/grpo.py.
-Expected result: not measured yet (TODO(trainer issue): record reward after `steps`).
+Expected result: measured on the demo's task, not with a real model (no weights on
+this machine): `--config=configs/arithmetic.py:preset=sapo` (100 steps, seed 0, 2 CPU
+cores, 56 s) took held-out greedy accuracy from 0.637 to 0.844 at step 20 and
+0.898 at step 100; README's "Recipes side by side" has every preset. The default
+tiny random model is for smoke runs.
 """
 from configs import common
 

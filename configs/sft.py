@@ -8,7 +8,10 @@ Run:
   python -m launch.train --config=configs/sft.py --workdir=/tmp/sft
   python -m launch.train --config=configs/sft.py:runlocal --workdir=/tmp/sft_local  # CPU
 Hardware: as configs/grpo.py.
-Expected result: not measured yet (TODO(trainer issue): record loss after `steps`).
+Expected result: measured on the demo's task, not with a real model (no weights on
+this machine): configs/sft_arithmetic.py, this preset on `a+b=` demonstrations, reaches
+a batch loss of 0.079 and held-out greedy accuracy 0.637 after 3000 steps (its docstring
+has the curve). The default tiny random model is for smoke runs.
 """
 from configs import common
 

@@ -117,6 +117,27 @@ class ConfigFilesTest(parameterized.TestCase):
     self.assertEqual(algo.dynamic_sampling.enabled, row.get("dynamic_sampling", False))
     self.assertEqual(algo.overlong.enabled, row.get("overlong", False))
 
+  def test_arithmetic_puts_every_rl_preset_on_the_demo_task(self):
+    from configs import arithmetic, grpo_arithmetic  # pylint: disable=g-import-not-at-top
+    from jaxrl_llm.training import validation  # pylint: disable=g-import-not-at-top
+    self.assertEqual(set(arithmetic.PRESETS), set(PRESET_TABLE) - {"sft"})
+    for name in arithmetic.PRESETS:
+      for arg in (f"preset={name}", f"preset={name},runlocal"):
+        config = arithmetic.get_config(arg)
+        validation.validate_config(config)  # 8 CPU devices: rows split over the batch shards
+        preset = get_config(name)
+        preset.sampling.max_new_tokens = 4  # the length-tied axes follow it (overlong, dr_grpo)
+        self.assertEqual(config.algo.to_dict(), preset.algo.to_dict())  # the axes are the preset's
+        self.assertEqual(config.sampling.max_new_tokens, 4)
+      rows = config.train.prompts_per_step * config.sampling.num_samples
+      self.assertEqual(rows, 32)  # runlocal
+    self.assertEqual(arithmetic.get_config("preset=ppo").train.prompts_per_step, 512)
+    # The demo is the grpo case, with its own step count.
+    demo, grpo = grpo_arithmetic.get_config(), arithmetic.get_config("preset=grpo,steps=200")
+    self.assertEqual(demo.to_json(), grpo.to_json())
+    with self.assertRaisesRegex(ValueError, "preset='sft': expected one of grpo, "):
+      arithmetic.get_config("preset=sft")
+
   def test_dr_grpo_norm_length_follows_max_new_tokens(self):
     path = os.path.join(CONFIG_DIR, "dr_grpo.py")
     config = load_with_flags(["prog", f"--config={path}", "--config.sampling.max_new_tokens=1000"])
