@@ -124,15 +124,18 @@ def _inverse_cdf_sample(u_B1: jax.Array, logits_BV: jax.Array) -> jax.Array:
   """One draw per row from softmax(logits) by inverting the CDF at uniforms `u_B1`.
 
   Needs B uniforms instead of the B*V of Gumbel-max (`jax.random.categorical`), which made
-  token choice a tenth of a CPU decode step. Tokens of probability 0 are never drawn: their
-  CDF interval is empty.
+  token choice a tenth of a CPU decode step. The token is the number of CDF values at or
+  below u (integer sums: an argmax is a slow two-operand reduce on CPU). Tokens of
+  probability 0 are never drawn: their CDF interval is empty; if rounding leaves u at the
+  very top, the last token of non-zero probability is taken.
   """
   probs_BV = jax.nn.softmax(logits_BV, axis=-1)
   cdf_BV = jnp.cumsum(probs_BV, axis=-1)
-  u_B1 = u_B1 * cdf_BV[:, -1:]
-  above_BV = cdf_BV > u_B1
-  # Rounding can leave u at the very top; then take the most likely token.
-  return jnp.where(above_BV.any(-1), jnp.argmax(above_BV, -1), jnp.argmax(probs_BV, -1))
+  target_B1 = u_B1 * cdf_BV[:, -1:]
+  below_B = jnp.sum((cdf_BV <= target_B1).astype(jnp.int32), axis=-1)
+  vocab_V = jnp.arange(probs_BV.shape[-1], dtype=jnp.int32)
+  last_B = jnp.max(jnp.where(probs_BV > 0, vocab_V, 0), axis=-1)
+  return jnp.minimum(below_B, last_B)
 
 
 def choose_tokens(logits_BV: jax.Array, u_B1: jax.Array, s: SamplingSettings):

@@ -2,6 +2,7 @@
 import tempfile
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import scipy.stats
 import torch
@@ -125,6 +126,17 @@ class DistributionTest(parameterized.TestCase):
         self.assertIn(token, nucleus, f"row {row} step {t}")
         sizes.append(len(nucleus))
     self.assertLess(np.mean(sizes), V / 4)  # the kept sets really are small
+
+
+class InverseCdfTest(absltest.TestCase):
+
+  def test_each_uniform_lands_in_its_token_interval(self):
+    # probabilities 0, .25, 0, .5, .25, 0: CDF 0, .25, .25, .75, 1, 1 (exact in float32)
+    logits = jnp.log(jnp.array([[0.0, 0.25, 0.0, 0.5, 0.25, 0.0]] * 9, jnp.float32))
+    u = jnp.array([0.0, 0.1, 0.2499, 0.25, 0.5, 0.7499, 0.75, 0.9999, 1.0], jnp.float32)[:, None]
+    tokens = sampling._inverse_cdf_sample(u, logits)
+    # u = 1.0 stands for rounding at the very top: the last token of non-zero probability.
+    np.testing.assert_array_equal(tokens, [1, 1, 1, 3, 3, 3, 4, 4, 4])
 
 
 class StoppingTest(absltest.TestCase):
