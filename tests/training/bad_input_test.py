@@ -52,6 +52,13 @@ class CatalogTest(parameterized.TestCase):
       training.train(config, workdir)
     self.assertFalse(os.path.exists(workdir))
 
+  def assert_refused_before_a_step(self, config, error, message):
+    """A check that needs the data, the model or a first rollout: it fails before step 1."""
+    workdir = self.new_workdir()
+    with self.assertRaisesRegex(error, message):
+      training.train(config, workdir)
+    self.assert_no_step(workdir)
+
   def assert_no_step(self, workdir, rows=0, checkpoints=()):
     """Only `rows` metrics rows and the `checkpoints` steps are there (a fresh run: none)."""
     path = os.path.join(workdir, "metrics.jsonl")
@@ -266,12 +273,9 @@ class TokenizerTest(CatalogTest):
     config = small_config()
     config.model.tokenizer_path = path = os.path.join(self.create_tempdir().full_path, "tok")
     char_tokenizer.build_char_tokenizer(path, vocab_size=600)
-    workdir = self.new_workdir()
-    with self.assertRaisesRegex(ValueError, re.escape(
+    self.assert_refused_before_a_step(config, ValueError, re.escape(
         f"config.model.tokenizer_path={path!r} has 600 tokens but the model's vocab_size "
-        "(config.model.arch.vocab_size) is 512: expected a tokenizer of at most 512 tokens")):
-      training.train(config, workdir)
-    self.assert_no_step(workdir)
+        "(config.model.arch.vocab_size) is 512: expected a tokenizer of at most 512 tokens"))
 
 
 # --- 5. an empty dataset -------------------------------------------------------------------------
@@ -281,12 +285,9 @@ class EmptyDatasetTest(CatalogTest):
     config = small_config()
     path = write_jsonl(os.path.join(self.create_tempdir().full_path, "empty.jsonl"), [])
     config.data.source = f"jsonl:{path}"
-    workdir = self.new_workdir()
-    with self.assertRaisesRegex(ValueError, re.escape(
+    self.assert_refused_before_a_step(config, ValueError, re.escape(
         f"config.data.source='jsonl:{path}' (split 'train'): JSONL data file {path!r} holds no "
-        "records: expected one JSON object with a 'prompt' field per line.")):
-      training.train(config, workdir)
-    self.assert_no_step(workdir)
+        "records: expected one JSON object with a 'prompt' field per line."))
 
 
 # --- 7. a reward function that misbehaves --------------------------------------------------------
@@ -305,11 +306,8 @@ class RewardTest(CatalogTest):
     config = small_config()
     config.rewards.functions = (f"{FAKE_REWARDS}:{fn}",)
     config.rewards.weights = (1.0,)
-    workdir = self.new_workdir()
-    with self.assertRaisesRegex(ValueError, re.escape(
-        f"Reward function '{FAKE_REWARDS}:{fn}' (config.rewards.functions) ") + message):
-      training.train(config, workdir)
-    self.assert_no_step(workdir)
+    self.assert_refused_before_a_step(config, ValueError, re.escape(
+        f"Reward function '{FAKE_REWARDS}:{fn}' (config.rewards.functions) ") + message)
 
 
 # --- 8. a workdir that cannot be written ---------------------------------------------------------
@@ -368,11 +366,9 @@ class PromptOverflowAndResumeTest(CatalogTest):
 
   def test_error_names_the_prompt_and_the_limit(self):
     config = long_prompt_config(self.create_tempdir().full_path, "error")
-    workdir = self.new_workdir()
-    with self.assertRaisesRegex(ValueError, r"Prompt of sample 0 \(dataset index \d\) is 40 "
-                                r"tokens, longer than config\.data\.max_prompt_len=32: '0\dx+'"):
-      training.train(config, workdir)
-    self.assert_no_step(workdir)
+    self.assert_refused_before_a_step(
+        config, ValueError, r"Prompt of sample 0 \(dataset index \d\) is 40 tokens, longer than "
+        r"config\.data\.max_prompt_len=32: '0\dx+'")
 
   def test_truncate_counts_the_prompts(self):
     with open(os.path.join(self.workdir, "metrics.jsonl")) as f:
