@@ -15,7 +15,8 @@ The three flags may come from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
 JAX_PROCESS_ID instead; on a Cloud TPU pod (or SLURM) `--multihost` lets JAX find them.
 
 Exit status: 0 when the run finished; 75 (EX_TEMPFAIL) when SIGTERM stopped it after
-writing a checkpoint (run the same command again to resume); 1 on an error.
+writing a checkpoint (run the same command again to resume); 2 for a bad flag or config
+file (one line on stderr); 1 on any other error.
 """
 import sys
 
@@ -61,9 +62,10 @@ def main(argv):
 def _parse_flags(argv):
   """absl's flag parsing, with one clear line and exit status 2 for bad flags.
 
-  Covers what absl's own parser reports (a bad value, a missing flag), a misspelt
-  `--config.x.y` override (ml_collections raises before any config exists) and a bad
-  argument after the config file's colon (its `get_config` raises ValueError).
+  Covers what absl's own parser reports (a bad value, a missing flag, an error raised by
+  the config file's `get_config`, such as a bad argument after its colon), a misspelt
+  `--config.x.y` override (ml_collections raises before any config exists) and a config
+  file that cannot be loaded.
   """
   try:
     args = flags.FLAGS(argv)
@@ -78,8 +80,6 @@ def _parse_flags(argv):
       if path.startswith("config.") and (error := validation.unknown_key(path[len("config."):])):
         _usage_error(f"{arg}: {error}")
     _usage_error(f"a --config override: {e}")
-  except ValueError as e:
-    _usage_error(f"--config: {e}")
 
 
 def _usage_error(message: str):
