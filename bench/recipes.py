@@ -10,7 +10,6 @@ reward over the last 10 steps, and the wall time of the whole run (start-up and
 compilation included).
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from configs import arithmetic  # pylint: disable=g-import-not-at-top
+from jaxrl_llm import plots  # pylint: disable=g-import-not-at-top
 
 
 def run(preset: str, steps: int, workdir: str) -> dict:
@@ -33,8 +33,7 @@ def run(preset: str, steps: int, workdir: str) -> dict:
   wall = time.perf_counter() - start
   if proc.returncode:
     raise RuntimeError(f"{preset} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f]
+  rows = plots.read_metrics(os.path.join(workdir, "metrics.jsonl"))
   evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
   rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
   return dict(evals=evals, reward=sum(rewards[-10:]) / len(rewards[-10:]), wall=wall)
