@@ -50,7 +50,8 @@ def model_config() -> ConfigDict:
       "tokenizer_path": "",  # '' = model.path (or the built-in character tokenizer)
       "dtype": "float32",
       "param_dtype": "float32",
-      "remat": False,
+      "remat": "none",  # none | dots (keep matmul outputs) | full: what backward keeps per layer
+      "attention": "auto",  # auto | xla | blockwise | cudnn | splash (training attention kernel)
       "arch": {
           "model_type": "llama",
           "vocab_size": 512,

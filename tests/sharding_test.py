@@ -62,14 +62,17 @@ class ShardedModelTest(absltest.TestCase):
     cls.mesh = sh.make_mesh(MESH_222)
 
   def _assert_sharded(self, model):
-    q = model.params["layers_1"]["attn"]["q_proj"]["kernel"]  # [D, H, Dh]
-    self.assertEqual(q.sharding, NamedSharding(self.mesh, P("fsdp", "tensor", None)))
-    self.assertEqual(q.addressable_shards[0].data.shape, (32, 2, 16))
+    layers = model.params["layers"]
+    qkv = layers["attn"]["qkv_proj"]["kernel"]  # [L, D, K, G + 2, Dh]: layers replicated
+    self.assertEqual(qkv.sharding, NamedSharding(self.mesh, P(None, "fsdp", "tensor", None, None)))
+    self.assertEqual(qkv.addressable_shards[0].data.shape, (3, 32, 1, 4, 16))
     embed = model.params["embed"]  # [V, D]
     self.assertEqual(embed.sharding.spec, P("tensor", "fsdp"))
     self.assertEqual(embed.addressable_shards[0].data.shape, (64, 32))
-    down = model.params["layers_2"]["mlp"]["down_proj"]["kernel"]  # [F, D]
-    self.assertEqual(down.sharding.spec, P("tensor", "fsdp"))
+    down = layers["mlp"]["down_proj"]["kernel"]  # [L, F, D]
+    self.assertEqual(down.sharding.spec, P(None, "tensor", "fsdp"))
+    gate_up = layers["mlp"]["gate_up_proj"]["kernel"]  # [L, D, 2, F]
+    self.assertEqual(gate_up.sharding.spec, P(None, "fsdp", None, "tensor"))
 
   def test_loaded_parameters_are_sharded_and_forward_matches(self):
     plain = models.from_pretrained(self.path)

@@ -36,6 +36,9 @@ __all__ = [
 ]
 
 init_cache = kv_cache.init_cache
+# The parameter tree's layout; checkpoints record it. 2: layers stacked on a leading axis,
+# fused q/k/v and gate/up kernels (1: one subtree per layer, one kernel per HF tensor).
+PARAM_LAYOUT = 2
 
 
 @struct.dataclass
@@ -94,7 +97,7 @@ def place(model: Model, mesh: Mesh, rules=sh.DEFAULT_RULES) -> Model:
 
 
 def from_pretrained(path: str, dtype: str = "float32", *, param_dtype: str | None = None,
-                    remat: bool = False, mesh: Mesh | None = None,
+                    remat: str = "none", attention: str = "auto", mesh: Mesh | None = None,
                     rules=sh.DEFAULT_RULES) -> Model:
   """Loads a local Hugging Face directory (config.json + safetensors).
 
@@ -102,11 +105,13 @@ def from_pretrained(path: str, dtype: str = "float32", *, param_dtype: str | Non
     path: the directory.
     dtype: compute dtype name ('float32', 'bfloat16', 'float16').
     param_dtype: parameter dtype name (default: `dtype`).
-    remat: rematerialise blocks in the backward pass.
+    remat: what the backward pass keeps of each layer ('none', 'dots', 'full').
+    attention: the training attention kernel ('auto', 'xla', 'blockwise', 'cudnn', 'splash').
     mesh, rules: place the parameters on this mesh (default: keep them on the host as numpy
       arrays; jitted calls copy them to the default device).
   """
-  cfg = from_hf_dict(load.read_config(path), dtype=dtype, param_dtype=param_dtype, remat=remat)
+  cfg = from_hf_dict(load.read_config(path), dtype=dtype, param_dtype=param_dtype, remat=remat,
+                     attention=attention)
   model = Model(load.load_params(path, cfg), cfg)
   return place(model, mesh, rules) if mesh is not None else model
 

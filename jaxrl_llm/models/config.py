@@ -14,6 +14,14 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 HEADS = ("lm", "value")
+# What the backward pass keeps of each layer (`jax.checkpoint` policies; see `Transformer`):
+#   none:  everything the forward made (fastest, most memory);
+#   dots:  the outputs of the weight matmuls (projections, MLP), recomputing the cheap
+#          elementwise work and the attention scores;
+#   full:  only each layer's input, recomputing the whole layer (least memory).
+REMAT_POLICIES = ("none", "dots", "full")
+# Training attention (`attention.causal_attention`): 'auto' picks per platform and shape.
+ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +44,8 @@ class ModelConfig:
     qk_norm: RMSNorm over head_dim on queries and keys before RoPE (Qwen3).
     max_position_embeddings: written back to config.json; not a hard limit here.
     dtype: compute dtype name; param_dtype: parameter storage dtype name.
-    remat: rematerialise each block in the backward pass (saves activation memory).
+    remat: what the backward pass saves of each layer, one of REMAT_POLICIES.
+    attention: the training attention kernel, one of ATTENTION_IMPLS.
     head: 'lm' (next-token logits) or 'value' (one scalar per position, for PPO's critic).
     bos_token_id, eos_token_id, pad_token_id: carried over from config.json (eos may be a tuple).
   """
@@ -60,7 +69,8 @@ class ModelConfig:
   max_position_embeddings: int = 4096
   dtype: str = "float32"
   param_dtype: str = "float32"
-  remat: bool = False
+  remat: str = "none"
+  attention: str = "auto"
   head: str = "lm"
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
@@ -72,6 +82,10 @@ class ModelConfig:
                        f"expected one of {list(SUPPORTED_MODEL_TYPES)}")
     for name in ("dtype", "param_dtype"):
       check_dtype(name, getattr(self, name))
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"remat={self.remat!r}: expected one of {list(REMAT_POLICIES)}")
+    if self.attention not in ATTENTION_IMPLS:
+      raise ValueError(f"attention={self.attention!r}: expected one of {list(ATTENTION_IMPLS)}")
     if self.head not in HEADS:
       raise ValueError(f"head={self.head!r}: expected one of {list(HEADS)}")
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -117,7 +131,7 @@ def _hashable(value):
 
 
 def from_hf_dict(hf: dict[str, Any], *, dtype: str = "float32", param_dtype: str | None = None,
-                 remat: bool = False) -> ModelConfig:
+                 remat: str = "none", attention: str = "auto") -> ModelConfig:
   """Reads a Hugging Face `config.json` dict (transformers 4.x or 5.x layout)."""
   model_type = hf.get("model_type")
   if model_type not in SUPPORTED_MODEL_TYPES:
@@ -160,6 +174,7 @@ def from_hf_dict(hf: dict[str, Any], *, dtype: str = "float32", param_dtype: str
       dtype=check_dtype("dtype", dtype),
       param_dtype=check_dtype("param_dtype", param_dtype or dtype),
       remat=remat,
+      attention=attention,
       bos_token_id=hf.get("bos_token_id"),
       eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
       pad_token_id=hf.get("pad_token_id"),

@@ -3,7 +3,8 @@
 Reads `config.json` plus `model.safetensors` or a sharded `model.safetensors.index.json`
 from a local directory, and writes the same layout back so that
 `transformers.AutoModelForCausalLM.from_pretrained` loads it. Tensors are read through
-memory maps, one at a time, so a process never holds two copies of the checkpoint.
+memory maps, one layer at a time, straight into the model's stacked and fused layout (the
+layout map below), so a process never holds two copies of the checkpoint.
 """
 from __future__ import annotations
 
@@ -33,60 +34,105 @@ _ST_DTYPES = {
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-# --- the name map ---------------------------------------------------------------------------
-# (path in our tree, HF name (under `model.layers.{i}.` for layers), n_in): n_in is the number
-# of leading input dims of our kernel (HF stores Linear weights as [out, in]), None for
-# norms and biases that are flat in HF, 0 for tensors stored identically.
-def _layer_entries(cfg: ModelConfig) -> list[tuple[tuple[str, ...], str, int | None]]:
-  e = [
-      (("input_norm", "scale"), "input_layernorm.weight", None),
-      (("post_attention_norm", "scale"), "post_attention_layernorm.weight", None),
-      (("attn", "q_proj", "kernel"), "self_attn.q_proj.weight", 1),
-      (("attn", "k_proj", "kernel"), "self_attn.k_proj.weight", 1),
-      (("attn", "v_proj", "kernel"), "self_attn.v_proj.weight", 1),
-      (("attn", "o_proj", "kernel"), "self_attn.o_proj.weight", 2),
-      (("mlp", "gate_proj", "kernel"), "mlp.gate_proj.weight", 1),
-      (("mlp", "up_proj", "kernel"), "mlp.up_proj.weight", 1),
-      (("mlp", "down_proj", "kernel"), "mlp.down_proj.weight", 1),
-  ]
-  if cfg.qkv_bias:
-    e += [(("attn", p, "bias"), f"self_attn.{p}.bias", None) for p in ("q_proj", "k_proj", "v_proj")]
-  if cfg.o_bias:
-    e += [(("attn", "o_proj", "bias"), "self_attn.o_proj.bias", None)]
-  if cfg.qk_norm:
-    e += [(("attn", n, "scale"), f"self_attn.{n}.weight", None) for n in ("q_norm", "k_norm")]
-  if cfg.mlp_bias:
-    e += [(("mlp", p, "bias"), f"mlp.{p}.bias", None) for p in ("gate_proj", "up_proj", "down_proj")]
-  return e
+# --- the layout map ------------------------------------------------------------------------------
+# Our layers are stacked on a leading L axis (the model scans over it) and some of them fuse
+# several HF tensors (the matmul layout, see `transformer`):
+#   attn/qkv_proj/kernel [L, D, K, G + 2, Dh]  <- q_proj, k_proj, v_proj (per kv head: G query
+#                                                 heads, its key, its value)
+#   mlp/gate_up_proj/kernel [L, D, 2, F]      <- gate_proj, up_proj
+# HF stores Linear weights as [out, in]; our kernels are [in..., out...].
+Layer = dict[tuple[str, ...], np.ndarray]
 
 
-def _top_entries(cfg: ModelConfig) -> list[tuple[tuple[str, ...], str, int | None]]:
-  e = [(("embed",), "model.embed_tokens.weight", 0), (("final_norm", "scale"), "model.norm.weight", None)]
-  if not cfg.tie_word_embeddings:
-    e.append((("lm_head",), "lm_head.weight", 1))
-  return e
-
-
-def _to_ours(w: np.ndarray, shape: tuple[int, ...], n_in: int | None) -> np.ndarray:
-  if n_in is None or n_in == 0:
-    return w.reshape(shape)
-  return w.T.reshape(shape)  # HF Linear is [out, in]; our kernels are [in..., out...]
-
-
-def _to_hf(x: np.ndarray, n_in: int | None) -> np.ndarray:
-  if n_in == 0:
-    return x
-  if n_in is None:
-    return x.reshape(-1)
+def _linear_out(x: np.ndarray, n_in: int) -> np.ndarray:
+  """Our kernel (first `n_in` dims the input) -> HF [out, in]."""
   return x.reshape(math.prod(x.shape[:n_in]), -1).T
 
 
-def _hf_shape(shape: tuple[int, ...], n_in: int | None) -> tuple[int, ...]:
-  if n_in == 0:
-    return tuple(shape)
-  if n_in is None:
-    return (math.prod(shape),)
-  return (math.prod(shape[n_in:]), math.prod(shape[:n_in]))
+def _layer_hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+  """HF tensor shapes of one layer, by name under `model.layers.{i}.`."""
+  D, F, H, K, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  shapes = {
+      "input_layernorm.weight": (D,), "post_attention_layernorm.weight": (D,),
+      "self_attn.q_proj.weight": (H * Dh, D), "self_attn.k_proj.weight": (K * Dh, D),
+      "self_attn.v_proj.weight": (K * Dh, D), "self_attn.o_proj.weight": (D, H * Dh),
+      "mlp.gate_proj.weight": (F, D), "mlp.up_proj.weight": (F, D), "mlp.down_proj.weight": (D, F),
+  }
+  if cfg.qkv_bias:
+    shapes.update({"self_attn.q_proj.bias": (H * Dh,), "self_attn.k_proj.bias": (K * Dh,),
+                   "self_attn.v_proj.bias": (K * Dh,)})
+  if cfg.o_bias:
+    shapes["self_attn.o_proj.bias"] = (D,)
+  if cfg.qk_norm:
+    shapes.update({"self_attn.q_norm.weight": (Dh,), "self_attn.k_norm.weight": (Dh,)})
+  if cfg.mlp_bias:
+    shapes.update({"mlp.gate_proj.bias": (F,), "mlp.up_proj.bias": (F,), "mlp.down_proj.bias": (D,)})
+  return shapes
+
+
+def layer_from_hf(hf: dict[str, np.ndarray], cfg: ModelConfig) -> Layer:
+  """One layer's HF tensors (by name under `model.layers.{i}.`) -> our per-layer leaves."""
+  D, F, H, K, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  G = H // K
+  qkv = lambda q, k, v: np.concatenate([q.reshape(q.shape[:-1] + (K, G, Dh)),
+                                        k.reshape(k.shape[:-1] + (K, 1, Dh)),
+                                        v.reshape(v.shape[:-1] + (K, 1, Dh))], axis=-2)
+  w = lambda name: hf[f"{name}.weight"]
+  out: Layer = {
+      ("input_norm", "scale"): w("input_layernorm"),
+      ("post_attention_norm", "scale"): w("post_attention_layernorm"),
+      ("attn", "qkv_proj", "kernel"): qkv(*(w(f"self_attn.{n}_proj").T for n in "qkv")),
+      ("attn", "o_proj", "kernel"): w("self_attn.o_proj").T.reshape(H, Dh, D),
+      ("mlp", "gate_up_proj", "kernel"): np.stack([w("mlp.gate_proj").T, w("mlp.up_proj").T], axis=1),
+      ("mlp", "down_proj", "kernel"): w("mlp.down_proj").T,
+  }
+  if cfg.qkv_bias:
+    out[("attn", "qkv_proj", "bias")] = qkv(*(hf[f"self_attn.{n}_proj.bias"] for n in "qkv"))
+  if cfg.o_bias:
+    out[("attn", "o_proj", "bias")] = hf["self_attn.o_proj.bias"]
+  if cfg.qk_norm:
+    out[("attn", "q_norm", "scale")] = w("self_attn.q_norm")
+    out[("attn", "k_norm", "scale")] = w("self_attn.k_norm")
+  if cfg.mlp_bias:
+    out[("mlp", "gate_up_proj", "bias")] = np.stack([hf["mlp.gate_proj.bias"], hf["mlp.up_proj.bias"]])
+    out[("mlp", "down_proj", "bias")] = hf["mlp.down_proj.bias"]
+  return out
+
+
+def layer_to_hf(layer: Layer, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+  """Inverse of `layer_from_hf`: (name under `model.layers.{i}.`, HF tensor) pairs."""
+  D, H, K, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  G = H // K
+  split_qkv = lambda x: (x[..., :G, :], x[..., G:G + 1, :], x[..., G + 1:, :])
+  yield "input_layernorm.weight", layer[("input_norm", "scale")]
+  yield "post_attention_layernorm.weight", layer[("post_attention_norm", "scale")]
+  for name, part in zip("qkv", split_qkv(layer[("attn", "qkv_proj", "kernel")])):
+    yield f"self_attn.{name}_proj.weight", part.reshape(D, -1).T
+  yield "self_attn.o_proj.weight", _linear_out(layer[("attn", "o_proj", "kernel")], 2)
+  gate_up = layer[("mlp", "gate_up_proj", "kernel")]
+  yield "mlp.gate_proj.weight", gate_up[:, 0].T
+  yield "mlp.up_proj.weight", gate_up[:, 1].T
+  yield "mlp.down_proj.weight", _linear_out(layer[("mlp", "down_proj", "kernel")], 1)
+  if cfg.qkv_bias:
+    for name, part in zip("qkv", split_qkv(layer[("attn", "qkv_proj", "bias")])):
+      yield f"self_attn.{name}_proj.bias", part.reshape(-1)
+  if cfg.o_bias:
+    yield "self_attn.o_proj.bias", layer[("attn", "o_proj", "bias")]
+  if cfg.qk_norm:
+    yield "self_attn.q_norm.weight", layer[("attn", "q_norm", "scale")]
+    yield "self_attn.k_norm.weight", layer[("attn", "k_norm", "scale")]
+  if cfg.mlp_bias:
+    yield "mlp.gate_proj.bias", layer[("mlp", "gate_up_proj", "bias")][0]
+    yield "mlp.up_proj.bias", layer[("mlp", "gate_up_proj", "bias")][1]
+    yield "mlp.down_proj.bias", layer[("mlp", "down_proj", "bias")]
+
+
+def _top_entries(cfg: ModelConfig) -> list[tuple[tuple[str, ...], str, bool]]:
+  """(our path, HF name, HF stores it transposed) of the tensors outside the layers."""
+  e = [(("embed",), "model.embed_tokens.weight", False), (("final_norm", "scale"), "model.norm.weight", False)]
+  if not cfg.tie_word_embeddings:
+    e.append((("lm_head",), "lm_head.weight", True))
+  return e
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -160,33 +206,6 @@ def check_model_dir(path: str) -> dict[str, Any]:
   return hf_config
 
 
-def layer_name(i: int) -> str:
-  return f"layers_{i}"
-
-
-def param_shapes(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
-  """Our parameter shapes keyed by tree path."""
-  D, F, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
-  H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  per_layer = {
-      ("input_norm", "scale"): (D,), ("post_attention_norm", "scale"): (D,),
-      ("attn", "q_proj", "kernel"): (D, H, Dh), ("attn", "k_proj", "kernel"): (D, K, Dh),
-      ("attn", "v_proj", "kernel"): (D, K, Dh), ("attn", "o_proj", "kernel"): (H, Dh, D),
-      ("attn", "q_proj", "bias"): (H, Dh), ("attn", "k_proj", "bias"): (K, Dh),
-      ("attn", "v_proj", "bias"): (K, Dh), ("attn", "o_proj", "bias"): (D,),
-      ("attn", "q_norm", "scale"): (Dh,), ("attn", "k_norm", "scale"): (Dh,),
-      ("mlp", "gate_proj", "kernel"): (D, F), ("mlp", "up_proj", "kernel"): (D, F),
-      ("mlp", "down_proj", "kernel"): (F, D), ("mlp", "gate_proj", "bias"): (F,),
-      ("mlp", "up_proj", "bias"): (F,), ("mlp", "down_proj", "bias"): (D,),
-  }
-  shapes = {(layer_name(i),) + p: per_layer[p] for i in range(L) for p, _, _ in _layer_entries(cfg)}
-  shapes[("embed",)] = (V, D)
-  shapes[("final_norm", "scale")] = (D,)
-  if not cfg.tie_word_embeddings:
-    shapes[("lm_head",)] = (D, V)
-  return shapes
-
-
 def _set(tree: dict, path: tuple[str, ...], value) -> None:
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
@@ -206,27 +225,34 @@ def load_params(path: str, cfg: ModelConfig) -> dict[str, Any]:
                      "models.value_model(policy) instead")
   st = _SafetensorsDir(path)
   dtype = _NP_DTYPES[cfg.param_dtype]
-  shapes = param_shapes(cfg)
   used = set()
 
-  def read(name: str, ours: tuple[int, ...], n_in: int | None) -> np.ndarray:
+  def read(name: str, expected: tuple[int, ...]) -> np.ndarray:
     if name not in st.entries:
       raise ValueError(f"checkpoint {path!r} has no tensor {name!r}, which the config "
                        f"(model_type={cfg.model_type!r}) needs")
-    expected = _hf_shape(ours, n_in)
-    if st.shape(name) != expected:
+    if st.shape(name) != tuple(expected):
       raise ValueError(f"tensor {name!r} in {path!r} has shape {list(st.shape(name))}; the "
                        f"config expects {list(expected)}")
     used.add(name)
-    return _to_ours(np.asarray(st.get(name), dtype=dtype), ours, n_in)
+    return np.asarray(st.get(name), dtype=dtype)
 
+  D, V = cfg.hidden_size, cfg.vocab_size
+  hf_top = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,), "lm_head.weight": (V, D)}
   params: dict[str, Any] = {}
-  for ours, hf, n_in in _top_entries(cfg):
-    _set(params, ours, read(hf, shapes[ours], n_in))
-  for i in range(cfg.num_layers):
-    for ours, hf, n_in in _layer_entries(cfg):
-      path = (layer_name(i),) + ours
-      _set(params, path, read(f"model.layers.{i}.{hf}", shapes[path], n_in))
+  for ours, hf, transposed in _top_entries(cfg):
+    x = read(hf, hf_top[hf])
+    _set(params, ours, np.ascontiguousarray(x.T) if transposed else x)
+  layer_shapes = _layer_hf_shapes(cfg)
+  stacked: Layer = {}
+  for i in range(cfg.num_layers):  # one layer at a time into the stacked arrays
+    hf = {name: read(f"model.layers.{i}.{name}", shape) for name, shape in layer_shapes.items()}
+    for leaf, x in layer_from_hf(hf, cfg).items():
+      if leaf not in stacked:
+        stacked[leaf] = np.empty((cfg.num_layers,) + x.shape, dtype)
+      stacked[leaf][i] = x
+  for leaf, x in stacked.items():
+    _set(params, ("layers",) + leaf, x)
   extra = sorted(n for n in st.names() - used if not n.endswith(_IGNORED_SUFFIXES)
                  and not (cfg.tie_word_embeddings and n == "lm_head.weight"))
   if extra:
@@ -235,15 +261,25 @@ def load_params(path: str, cfg: ModelConfig) -> dict[str, Any]:
   return params
 
 
+def _leaves(tree: dict, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      yield from _leaves(value, prefix + (key,))
+    else:
+      yield prefix + (key,), value
+
+
 # --- writing ----------------------------------------------------------------------------------
 def hf_tensors(params: dict[str, Any], cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
   """Yields (HF name, host array) for every parameter, in HF layout."""
-  for ours, hf, n_in in _top_entries(cfg):
-    yield hf, np.ascontiguousarray(_to_hf(np.asarray(_get(params, ours)), n_in))
+  for ours, hf, transposed in _top_entries(cfg):
+    x = np.asarray(_get(params, ours))
+    yield hf, np.ascontiguousarray(x.T if transposed else x)
+  stacked = dict(_leaves(params["layers"]))
   for i in range(cfg.num_layers):
-    for ours, hf, n_in in _layer_entries(cfg):
-      x = np.asarray(_get(params, (layer_name(i),) + ours))
-      yield f"model.layers.{i}.{hf}", np.ascontiguousarray(_to_hf(x, n_in))
+    layer = {leaf: np.asarray(x[i]) for leaf, x in stacked.items()}
+    for name, x in layer_to_hf(layer, cfg):
+      yield f"model.layers.{i}.{name}", np.ascontiguousarray(x)
 
 
 def save_params(tensors: Iterator[tuple[str, np.ndarray]], path: str,

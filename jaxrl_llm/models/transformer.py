@@ -1,13 +1,22 @@
 """The decoder: Embed -> L x Block(RMSNorm, Attention, RMSNorm, Mlp) -> RMSNorm -> head.
 
-One Flax module covers Llama 3, Qwen2 and Qwen3 (see `ModelConfig`). Layers are a Python
-loop over separate blocks (`layers_0`, `layers_1`, ...), each with its own KV-cache buffer:
-a decode step then updates every buffer in place and reads it where it lies. (A scan over
-stacked layers copies each layer's cache slice in and out on every step, which made
-decoding 3x slower on CPU.) Attention reads keys from S slots: the current tokens themselves
-(S == T, no cache) or a preallocated KV cache written at `cache_index` (layouts, including
-the sampler's shared prompt prefix, in `kv_cache`). A query at slot i sees key slot j iff j <= i and `kv_mask[b, j]`, so
-left-padded prompts give the same values for their real tokens as unpadded ones.
+One Flax module covers Llama 3, Qwen2 and Qwen3 (see `ModelConfig`).
+
+Layers are one `Block` scanned L times (`nn.scan`) over parameters stacked on a leading
+`layers` axis, as in MaxText and gemma: every program (forward, backward, decode step) holds
+one layer's code, so compile time does not grow with depth. What the backward pass keeps of
+each layer is `ModelConfig.remat` (a `jax.checkpoint` policy).
+
+Weights are stored in the layout the matmuls use, so no forward (or backward) concatenates
+kernels: q, k and v are one kernel [D, K, G + 2, Dh] (per kv head: its G query heads, its key,
+its value, so the kv-head axis keeps the tensor sharding), gate and up one kernel [D, 2, F].
+`load` translates from and to the Hugging Face layout.
+
+Attention reads keys from the current tokens (training, prefill: `attention.causal_attention`)
+and, when decoding, also from a KV cache's earlier slots (`attention.cached_attention`; the
+cache layouts, including the sampler's shared prompt prefix, are in `kv_cache`). A query at
+slot i sees key slot j iff j <= i and `kv_mask[b, j]`, so left-padded prompts give the same
+values for their real tokens as unpadded ones.
 """
 from __future__ import annotations
 
@@ -20,12 +29,12 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.models import kv_cache, value_head
+from jaxrl_llm.models import attention, kv_cache, value_head
 from jaxrl_llm.models.config import ModelConfig
 
 _init = nn.initializers.normal(stddev=0.02)
-# Finite, so a row whose keys are all masked (a padding query) gives uniform weights, not NaN.
-_MASKED = -0.7 * float(np.finfo(np.float32).max)
+# What each ModelConfig.remat keeps for the backward pass (None: nothing but the layer input).
+_REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable, "full": None}
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
@@ -118,115 +127,99 @@ class Linear(nn.Module):
 
 
 class Attention(nn.Module):
-  """Grouped-query attention with RoPE, optional q/k norm and an optional KV cache."""
+  """Grouped-query attention with RoPE and optional q/k norm; returns the new keys/values too."""
   cfg: ModelConfig
   mesh: Mesh | None = None
   rules: Any = None
 
   @nn.compact
-  def __call__(self, x_BTD, rope, kv_mask_BS, cache, cache_index):
+  def __call__(self, x_BTD, rope, kv_mask_BS, layer_cache, cache_index):
     cfg = self.cfg
     D, H, K, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
     G = H // K  # GQA: each of the K kv heads serves G query heads
-    qkv_bias = lambda heads: (heads, sh.HEAD_DIM) if cfg.qkv_bias else None
-    q = Linear("BTD,DHd->BTHd", (D, H, Dh), (sh.EMBED, sh.HEADS, sh.HEAD_DIM),
-               qkv_bias(sh.HEADS), dt, pdt, name="q_proj")
-    k = Linear("BTD,DKd->BTKd", (D, K, Dh), (sh.EMBED, sh.KV_HEADS, sh.HEAD_DIM),
-               qkv_bias(sh.KV_HEADS), dt, pdt, name="k_proj")
-    v = Linear("BTD,DKd->BTKd", (D, K, Dh), (sh.EMBED, sh.KV_HEADS, sh.HEAD_DIM),
-               qkv_bias(sh.KV_HEADS), dt, pdt, name="v_proj")
-    # One matmul for q, k and v (as for gate/up in `Mlp`): per kv head, its G query heads,
-    # then its key and its value, so the kv-head axis keeps the tensor sharding.
-    group = lambda w, n: jnp.concatenate([w(q).reshape(n + (K, G, Dh)), w(k)[..., None, :],
-                                          w(v)[..., None, :]], axis=-2).astype(dt)
     B, T = x_BTD.shape[:2]
-    qkv_BTKCd = jnp.einsum("BTD,DKCd->BTKCd", x_BTD.astype(dt), group(lambda m: m.kernel, (D,)))
-    if cfg.qkv_bias:
-      qkv_BTKCd = qkv_BTKCd + _lead(group(lambda m: m.bias, ()), 5)
-    q_BTHd = qkv_BTKCd[:, :, :, :G].reshape(B, T, H, Dh)
-    k_BTKd, v_BTKd = qkv_BTKCd[:, :, :, G], qkv_BTKCd[:, :, :, G + 1]
+    # One matmul for q, k and v: per kv head, its G query heads, then its key and its value.
+    qkv_BTKCd = Linear("BTD,DKCd->BTKCd", (D, K, G + 2, Dh), (sh.EMBED, sh.KV_HEADS, None, sh.HEAD_DIM),
+                       (sh.KV_HEADS, None, sh.HEAD_DIM) if cfg.qkv_bias else None, dt, pdt,
+                       name="qkv_proj")(x_BTD)
+    q_BTKGd, k_BTKd, v_BTKd = qkv_BTKCd[:, :, :, :G], qkv_BTKCd[:, :, :, G], qkv_BTKCd[:, :, :, G + 1]
     if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim, before RoPE
-      q_BTHd = RMSNorm(cfg.rms_norm_eps, dt, pdt, sh.HEAD_DIM, name="q_norm")(q_BTHd)
+      q_BTKGd = RMSNorm(cfg.rms_norm_eps, dt, pdt, sh.HEAD_DIM, name="q_norm")(q_BTKGd)
       k_BTKd = RMSNorm(cfg.rms_norm_eps, dt, pdt, sh.HEAD_DIM, name="k_norm")(k_BTKd)
-    q_BTHd = apply_rope(q_BTHd, *rope)
+    q_BTKGd = apply_rope(q_BTKGd.reshape(B, T, H, Dh), *rope).reshape(B, T, K, G, Dh)
     k_BTKd = apply_rope(k_BTKd, *rope)
-
-    k_BKTd, v_BKTd = k_BTKd.transpose(0, 2, 1, 3), v_BTKd.transpose(0, 2, 1, 3)
-    # Both attention products are plain batched matmuls over (B, K).
-    q_BKGTd = q_BTHd.reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4)
-    if cache is None:  # keys are the current tokens: S == T
-      new_cache = None
-      scores_BKGTS = jnp.einsum("BKGTd,BKSd->BKGTS", q_BKGTd, k_BKTd,
-                                preferred_element_type=jnp.float32)
-    else:  # write this step's keys/values at slots [cache_index, cache_index + T), in place
-      new_cache = kv_cache.update(cache, k_BKTd, v_BKTd, cache_index)
-      scores_BKGTS = kv_cache.scores(new_cache, q_BKGTd)
-    S = scores_BKGTS.shape[-1]
-    q_slot_T = cache_index + jnp.arange(T)
-    causal_TS = jnp.arange(S)[None, :] <= q_slot_T[:, None]
-    mask_BTS = causal_TS[None, :, :] & kv_mask_BS[:, None, :].astype(bool)
-    scores_BKGTS = jnp.where(mask_BTS[:, None, None], scores_BKGTS * Dh ** -0.5, _MASKED)
-    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(dt)  # softmax in float32
-    if cache is None:
-      out_BKGTd = jnp.einsum("BKGTS,BKSd->BKGTd", probs_BKGTS, v_BKTd)
-    else:
-      out_BKGTd = kv_cache.mix(new_cache, probs_BKGTS)
-    out_BTHd = out_BKGTd.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
-    out_BTHd = sh.constrain(out_BTHd, (sh.BATCH, sh.SEQ, sh.HEADS, sh.HEAD_DIM), self.mesh, self.rules)
+    if layer_cache is None:  # the T tokens see each other only
+      out_BTKGd = attention.causal_attention(q_BTKGd, k_BTKd, v_BTKd, kv_mask_BS, impl=cfg.attention,
+                                             mesh=self.mesh, rules=self.rules)
+    else:  # ...and the cache's earlier slots
+      out_BTKGd = attention.cached_attention(q_BTKGd, k_BTKd, v_BTKd, layer_cache, kv_mask_BS,
+                                             cache_index)
+    out_BTHd = sh.constrain(out_BTKGd.reshape(B, T, H, Dh), (sh.BATCH, sh.SEQ, sh.HEADS, sh.HEAD_DIM),
+                            self.mesh, self.rules)
     o_bias = (sh.EMBED,) if cfg.o_bias else None
     out_BTD = Linear("BTHd,HdD->BTD", (H, Dh, D), (sh.HEADS, sh.HEAD_DIM, sh.EMBED), o_bias, dt, pdt,
                      name="o_proj")(out_BTHd)
-    return out_BTD, new_cache
+    return out_BTD, (k_BTKd.transpose(0, 2, 1, 3), v_BTKd.transpose(0, 2, 1, 3))
 
 
 class Mlp(nn.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one matmul."""
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, x_BTD):
     cfg = self.cfg
     D, F, dt, pdt = cfg.hidden_size, cfg.intermediate_size, cfg.jnp_dtype, cfg.jnp_param_dtype
-    bias_in = (sh.MLP,) if cfg.mlp_bias else None
-    gate = Linear("BTD,DF->BTF", (D, F), (sh.EMBED, sh.MLP), bias_in, dt, pdt, name="gate_proj")
-    up = Linear("BTD,DF->BTF", (D, F), (sh.EMBED, sh.MLP), bias_in, dt, pdt, name="up_proj")
-    # One matmul for both: a [D, 2F] kernel runs faster than two [D, F] ones when B*T is
-    # small (decoding). Stacked on a new axis, not concatenated along F, so that F keeps its
-    # sharding; inside the sampler's loop the stacking is loop-invariant and done once.
-    kernel_DCF = jnp.stack([gate.kernel, up.kernel], axis=1).astype(dt)
-    gate_up_BTCF = jnp.einsum("BTD,DCF->BTCF", x_BTD.astype(dt), kernel_DCF)
-    if cfg.mlp_bias:
-      gate_up_BTCF = gate_up_BTCF + _lead(jnp.stack([gate.bias, up.bias]).astype(dt), 4)
-    gate_BTF, up_BTF = gate_up_BTCF[:, :, 0], gate_up_BTCF[:, :, 1]
+    # Gate and up stacked on a new axis, not concatenated along F, so that F keeps its sharding.
+    gate_up_BTCF = Linear("BTD,DCF->BTCF", (D, 2, F), (sh.EMBED, None, sh.MLP),
+                          (None, sh.MLP) if cfg.mlp_bias else None, dt, pdt,
+                          name="gate_up_proj")(x_BTD)
+    hidden_BTF = jax.nn.silu(gate_up_BTCF[:, :, 0]) * gate_up_BTCF[:, :, 1]
     bias_out = (sh.EMBED,) if cfg.mlp_bias else None
     return Linear("BTF,FD->BTD", (F, D), (sh.MLP, sh.EMBED), bias_out, dt, pdt,
-                  name="down_proj")(jax.nn.silu(gate_BTF) * up_BTF)
+                  name="down_proj")(hidden_BTF)
 
 
 class Block(nn.Module):
-  """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x))."""
+  """One pre-norm residual layer: x + attn(norm(x)), then + mlp(norm(x)).
+
+  Scanned by `Transformer`: (x_BTD, layer_cache, rope, kv_mask_BS, cache_index) ->
+  (x_BTD, this layer's new keys [B, K, T, Dh] and values [B, K, T, Dh]).
+  """
   cfg: ModelConfig
   mesh: Mesh | None = None
   rules: Any = None
 
   @nn.compact
-  def __call__(self, x_BTD, rope, kv_mask_BS, cache, cache_index):
+  def __call__(self, x_BTD, layer_cache, rope, kv_mask_BS, cache_index):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
-    attn_BTD, cache = Attention(cfg, self.mesh, self.rules, name="attn")(
-        norm("input_norm")(x_BTD), rope, kv_mask_BS, cache, cache_index)
+    attn_BTD, new_kv = Attention(cfg, self.mesh, self.rules, name="attn")(
+        norm("input_norm")(x_BTD), rope, kv_mask_BS, layer_cache, cache_index)
     x_BTD = x_BTD + attn_BTD
     x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm("post_attention_norm")(x_BTD))
     x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
-    return x_BTD, cache
+    return x_BTD, new_kv
+
+
+def scanned_layers(cfg: ModelConfig) -> type[nn.Module]:
+  """`Block` scanned over cfg.num_layers layers (rematerialised by cfg.remat)."""
+  block = Block
+  if cfg.remat != "none":
+    block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
+  return nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                 metadata_params={nn.PARTITION_NAME: sh.LAYERS})
 
 
 class Transformer(nn.Module):
   """Decoder-only transformer; `head` 'lm' gives logits [B, T, V], 'value' values [B, T].
 
   Call: (tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0, return_hidden=False)
-  -> (logits or values or final hidden states, new cache or None).
+  -> (logits or values or final hidden states, new cache or None). With a cache, the T tokens
+  go to slots [cache_index, cache_index + T) and `kv_mask_BS` covers all of its slots; a
+  `cache_index` of the Python int 0 (prefill) reads nothing from the cache.
   """
   cfg: ModelConfig
   mesh: Mesh | None = None
@@ -236,8 +229,7 @@ class Transformer(nn.Module):
     cfg = self.cfg
     self.embed = self.param("embed", nn.with_logical_partitioning(_init, (sh.VOCAB, sh.EMBED)),
                             (cfg.vocab_size, cfg.hidden_size), cfg.jnp_param_dtype)
-    block = nn.remat(Block) if cfg.remat else Block
-    self.layers = [block(cfg, self.mesh, self.rules) for _ in range(cfg.num_layers)]
+    self.layers = scanned_layers(cfg)(cfg, self.mesh, self.rules)
     self.final_norm = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype)
     if cfg.head == "value":
       self.value_head = value_head.ValueHead(cfg.jnp_dtype, cfg.jnp_param_dtype)
@@ -247,16 +239,18 @@ class Transformer(nn.Module):
 
   def __call__(self, tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0,
                return_hidden=False):
+    T = tokens_BT.shape[1]
     x_BTD = jnp.take(self.embed, tokens_BT, axis=0).astype(self.cfg.jnp_dtype)
     x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
     rope = rope_tables(positions_BT, rope_inv_freq(self.cfg))  # shared by all layers
-    new_cache = []
-    for i, layer in enumerate(self.layers):
-      x_BTD, layer_cache = layer(x_BTD, rope, kv_mask_BS,
-                                 None if cache is None else cache[i], cache_index)
-      new_cache.append(layer_cache)
+    prefill = isinstance(cache_index, int) and cache_index == 0
+    if cache is None or prefill:  # nothing earlier to read: the tokens' own slots only
+      read, kv_mask = None, kv_mask_BS[:, :T]
+    else:
+      read, kv_mask = cache, kv_mask_BS
+    x_BTD, (k_LBKTd, v_LBKTd) = self.layers(x_BTD, read, rope, kv_mask, jnp.asarray(cache_index))
+    new_cache = None if cache is None else kv_cache.write(cache, k_LBKTd, v_LBKTd, cache_index)
     x_BTD = self.final_norm(x_BTD)
-    new_cache = None if cache is None else tuple(new_cache)
     if return_hidden:
       return x_BTD, new_cache
     return self.unembed(x_BTD), new_cache

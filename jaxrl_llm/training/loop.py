@@ -53,7 +53,7 @@ def load_tokenizer_and_policy(config, mesh, rules):
   m = config.model
   if m.path:
     policy = models.from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype,
-                                    remat=m.remat, mesh=mesh, rules=rules)
+                                    remat=m.remat, attention=m.attention, mesh=mesh, rules=rules)
     tokenizer = data.load_tokenizer(m.tokenizer_path or m.path)
   else:
     a = m.arch
@@ -64,7 +64,7 @@ def load_tokenizer_and_policy(config, mesh, rules):
         rms_norm_eps=a.rms_norm_eps, tie_word_embeddings=a.tie_word_embeddings,
         max_position_embeddings=a.max_position_embeddings, qkv_bias=a.model_type == "qwen2",
         qk_norm=a.model_type == "qwen3", dtype=m.dtype, param_dtype=m.param_dtype,
-        remat=m.remat, eos_token_id=char_tokenizer.EOS_ID, pad_token_id=char_tokenizer.PAD_ID,
+        remat=m.remat, attention=m.attention, eos_token_id=char_tokenizer.EOS_ID, pad_token_id=char_tokenizer.PAD_ID,
         bos_token_id=char_tokenizer.BOS_ID)
     policy = models.init(cfg, jax.random.PRNGKey(config.seed), mesh=mesh, rules=rules)
     tokenizer = (data.load_tokenizer(m.tokenizer_path) if m.tokenizer_path
@@ -83,8 +83,8 @@ def _fingerprint(policy: models.Model, with_value: bool) -> dict[str, Any]:
   """What a checkpoint's state shapes depend on; a resume must match it."""
   c = policy.config
   return {"model": {k: v for k, v in dataclasses.asdict(c).items()
-                    if k not in ("remat", "bos_token_id", "eos_token_id", "pad_token_id")},
-          "value_model": with_value}
+                    if k not in ("remat", "attention", "bos_token_id", "eos_token_id", "pad_token_id")},
+          "param_layout": models.PARAM_LAYOUT, "value_model": with_value}
 
 
 def _differences(saved, wanted, prefix="") -> str:

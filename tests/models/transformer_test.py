@@ -110,9 +110,9 @@ class ParityTest(parameterized.TestCase):
                               slot)
       np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, slot], atol=1e-5, rtol=0)
 
-  def test_remat_changes_the_program_not_the_gradient(self):
+  def test_remat_policies_change_the_memory_not_the_gradient(self):
     _, path, _ = self._load("llama")
-    ids, mask = _random_batch(4, B=2, T=7)
+    ids, mask = _random_batch(4, B=4, T=32)
 
     def grads(remat):
       model = models.from_pretrained(path, remat=remat)
@@ -122,14 +122,35 @@ class ParityTest(parameterized.TestCase):
         logits, _ = models.forward(m, ids, models.positions_from_mask(mask), mask)
         return jnp.mean(jax.nn.logsumexp(logits, -1))
 
+      grad_fn = jax.jit(jax.grad(loss))
       jaxpr = str(jax.make_jaxpr(jax.grad(loss))(model.params))
-      return jax.grad(loss)(model.params), jaxpr
+      temp = grad_fn.lower(model.params).compile().memory_analysis().temp_size_in_bytes
+      return grad_fn(model.params), jaxpr, temp
 
-    g_plain, jaxpr_plain = grads(False)
-    g_remat, jaxpr_remat = grads(True)
-    self.assertIn("remat", jaxpr_remat)
+    g_plain, jaxpr_plain, temp_plain = grads("none")
     self.assertNotIn("remat", jaxpr_plain)
-    jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-6, rtol=1e-5), g_remat, g_plain)
+    temps = {}
+    for policy in ("dots", "full"):
+      g, jaxpr, temps[policy] = grads(policy)
+      self.assertIn("remat", jaxpr)
+      jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-6, rtol=1e-5), g, g_plain)
+    # Keeping less for the backward pass takes less memory: full < dots < none.
+    self.assertLess(temps["full"], temps["dots"])
+    self.assertLess(temps["dots"], temp_plain)
+
+  def test_layers_are_one_scanned_block(self):
+    """The program holds one layer's code: its size does not grow with depth."""
+    def program_size(num_layers):
+      hf = hf_testing.make_hf_model("qwen3", num_hidden_layers=num_layers)
+      path = hf_testing.save_hf_model(hf, self.create_tempdir().full_path)
+      model = models.from_pretrained(path)
+      ids, mask = _random_batch(0, B=2, T=8)
+      jaxpr = str(jax.make_jaxpr(
+          lambda p: models.forward(models.Model(p, model.config), ids, mask, mask))(model.params))
+      return jaxpr.count("dot_general"), jaxpr.count("scan[")
+
+    self.assertEqual(program_size(2), program_size(12))
+    self.assertEqual(program_size(2)[1], 1)
 
 
 class ValueModelTest(absltest.TestCase):
@@ -140,8 +161,8 @@ class ValueModelTest(absltest.TestCase):
     policy = models.from_pretrained(path)
     critic = models.value_model(policy)
     self.assertNotIn("lm_head", critic.params)
-    np.testing.assert_array_equal(critic.params["layers_2"]["mlp"]["up_proj"]["kernel"],
-                                  policy.params["layers_2"]["mlp"]["up_proj"]["kernel"])
+    np.testing.assert_array_equal(critic.params["layers"]["mlp"]["gate_up_proj"]["kernel"],
+                                  policy.params["layers"]["mlp"]["gate_up_proj"]["kernel"])
     ids, mask = _random_batch(5)
     np.testing.assert_array_equal(models.compute_values(critic, ids, mask), np.zeros(ids.shape))
     # With a head w, the value is w . h where h is the policy's final hidden state.

@@ -1,0 +1,290 @@
+"""Attention kernels: causal self-attention (training, prefill) and attention over a KV cache.
+
+Shapes use the model's letters: queries `q_BTKGd` (the G query heads of each of the K kv
+heads, H = K * G), keys and values `k_BSKd`, `v_BSKd`, and `valid_BS`, 1 where a key slot
+holds a real token. A query at position i sees key j iff j <= i and `valid[b, j]`; a query
+that sees no key at all (left padding) gets uniform weights instead of NaN, as in the
+transformers models we match. Scores and the softmax are float32; the products with the
+values run in the compute dtype.
+
+`causal_attention` has four implementations of the same function (`ModelConfig.attention`):
+  xla:       the whole float32 score tensor [B, K, G, T, S] at once: fastest for short
+             sequences, and what `blockwise` and the fused kernels are tested against;
+  blockwise: flash-style in plain JAX, on every platform: key blocks of `BLOCK` slots with
+             an online softmax, and a custom VJP that recomputes each block's scores from
+             the saved log-sum-exp, so neither pass holds more than [B, K, G, T, BLOCK];
+  cudnn:     `jax.nn.dot_product_attention(implementation='cudnn')`, cuDNN's fused flash
+             attention on NVIDIA GPUs (bf16/fp16);
+  splash:    the Pallas splash-attention kernel on TPU, per device under `shard_map`.
+'auto' takes cudnn on a GPU in bf16/fp16, splash on a TPU, and xla on a CPU while the
+sequence fits one block; otherwise blockwise. A fused kernel that rejects a shape
+(cuDNN's head-dim or length limits) falls back to blockwise at trace time.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm import sharding as sh
+
+# Finite, so a query whose keys are all masked (a padding query) gets uniform weights, not NaN.
+MASKED = -0.7 * float(np.finfo(np.float32).max)
+BLOCK = 512  # key slots per block of the blockwise kernel
+
+
+def platform_of(mesh) -> str:
+  """'cpu', 'gpu' or 'tpu': where the arrays of `mesh` (or the default devices) live."""
+  device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+  return "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
+
+
+def resolve(impl: str, *, platform: str, dtype, length: int, block: int = BLOCK) -> str:
+  """The implementation 'auto' stands for on `platform` (others are returned as they are)."""
+  if impl != "auto":
+    return impl
+  if platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+    return "cudnn"
+  if platform == "tpu" and length % 128 == 0:
+    return "splash"
+  return "xla" if length <= block else "blockwise"
+
+
+def causal_attention(q_BTKGd, k_BTKd, v_BTKd, valid_BT, *, impl: str = "auto", mesh=None,
+                     rules=None, block: int = BLOCK):
+  """Causal grouped-query self-attention of T tokens; returns [B, T, K, G, d] (q's dtype).
+
+  Args:
+    q_BTKGd, k_BTKd, v_BTKd: queries, keys and values (after RoPE).
+    valid_BT: int/bool, 1 on real tokens; padding keys are never attended to.
+    impl: one of `ModelConfig.attention`'s values.
+    mesh, rules: where the arrays live (the splash kernel runs per device).
+    block: key slots per block of the blockwise kernel.
+  """
+  T, dt = q_BTKGd.shape[1], q_BTKGd.dtype
+  impl = resolve(impl, platform=platform_of(mesh), dtype=dt, length=T, block=block)
+  if impl == "xla":
+    return _xla(q_BTKGd, k_BTKd, v_BTKd, valid_BT)
+  if impl == "blockwise":
+    return _blockwise(q_BTKGd, k_BTKd, v_BTKd, valid_BT.astype(bool), block)
+  if impl == "cudnn":
+    try:
+      return _cudnn(q_BTKGd, k_BTKd, v_BTKd, valid_BT)
+    except (NotImplementedError, ValueError, RuntimeError):  # a shape or dtype cuDNN rejects
+      return _blockwise(q_BTKGd, k_BTKd, v_BTKd, valid_BT.astype(bool), block)
+  if impl == "splash":
+    return _splash(q_BTKGd, k_BTKd, v_BTKd, valid_BT, mesh, rules)
+  raise ValueError(f"attention={impl!r}: expected one of auto, xla, blockwise, cudnn, splash")
+
+
+def _causal_mask(valid_BS, T: int, S: int, q_offset=0, k_offset=0):
+  """[B, T, S] bool: query slot q_offset + i sees key slot k_offset + j."""
+  q_T = q_offset + jnp.arange(T)
+  k_S = k_offset + jnp.arange(S)
+  return (k_S[None, :] <= q_T[:, None])[None] & valid_BS[:, None, :].astype(bool)
+
+
+# --- xla: the whole score tensor ----------------------------------------------------------------
+def _xla(q_BTKGd, k_BSKd, v_BSKd, valid_BS):
+  B, T, K, G, d = q_BTKGd.shape
+  S = k_BSKd.shape[1]
+  q_BKGTd = q_BTKGd.transpose(0, 2, 3, 1, 4)
+  s_BKGTS = jnp.einsum("BKGTd,BKSd->BKGTS", q_BKGTd, k_BSKd.transpose(0, 2, 1, 3),
+                       preferred_element_type=jnp.float32)
+  mask_BTS = _causal_mask(valid_BS, T, S)
+  s_BKGTS = jnp.where(mask_BTS[:, None, None], s_BKGTS * d ** -0.5, MASKED)
+  p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(q_BTKGd.dtype)  # softmax in float32
+  out_BKGTd = jnp.einsum("BKGTS,BKSd->BKGTd", p_BKGTS, v_BSKd.transpose(0, 2, 1, 3))
+  return out_BKGTd.transpose(0, 3, 1, 2, 4)
+
+
+# --- blockwise: online softmax over key blocks, recomputing backward ------------------------------
+def _blockwise(q_BTKGd, k_BSKd, v_BSKd, valid_BS, block: int):
+  out_BKGTd = _flash(q_BTKGd.transpose(0, 2, 3, 1, 4), k_BSKd.transpose(0, 2, 1, 3),
+                     v_BSKd.transpose(0, 2, 1, 3), valid_BS, block)
+  return out_BKGTd.transpose(0, 3, 1, 2, 4)
+
+
+def _key_blocks(k_BKSd, v_BKSd, valid_BS, C: int):
+  """Keys, values and validity cut into n blocks of C slots: [n, B, K, C, d], [n, B, C].
+
+  Slots past S (padding of the last block) are marked -1 in the validity: never attended.
+  """
+  B, K, S, d = k_BKSd.shape
+  n = -(-S // C)
+  pad = n * C - S
+  to_blocks = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(
+      B, K, n, C, d).transpose(2, 0, 1, 3, 4)
+  valid = jnp.pad(valid_BS.astype(jnp.int32), ((0, 0), (0, pad)), constant_values=-1)
+  return to_blocks(k_BKSd), to_blocks(v_BKSd), valid.reshape(B, n, C).transpose(1, 0, 2)
+
+
+def _block_scores(q_BKGTd, k_BKCd, valid_BC, start):
+  """Scaled, masked float32 scores of one key block: [B, K, G, T, C].
+
+  Masked keys score MASKED (a fully masked query row stays uniform, as in `_xla`); slots past
+  the sequence score -inf (they take no weight at all).
+  """
+  T, d = q_BKGTd.shape[-2:]
+  C = k_BKCd.shape[2]
+  s = jnp.einsum("BKGTd,BKCd->BKGTC", q_BKGTd, k_BKCd, preferred_element_type=jnp.float32)
+  mask_BTC = _causal_mask(valid_BC > 0, T, C, 0, start)
+  s = jnp.where(mask_BTC[:, None, None], s * d ** -0.5, MASKED)
+  return jnp.where((valid_BC >= 0)[:, None, None, None, :], s, -jnp.inf)
+
+
+def _flash_forward(q_BKGTd, k_BKSd, v_BKSd, valid_BS, C: int):
+  """(out [B, K, G, T, d] in q's dtype, log-sum-exp [B, K, G, T] float32)."""
+  B, K, G, T, d = q_BKGTd.shape
+  k_n, v_n, valid_n = _key_blocks(k_BKSd, v_BKSd, valid_BS, C)
+  starts = jnp.arange(k_n.shape[0]) * C
+
+  def body(carry, blk):
+    m_BKGT, l_BKGT, acc_BKGTd = carry
+    k_BKCd, v_BKCd, valid_BC, start = blk
+    s = _block_scores(q_BKGTd, k_BKCd, valid_BC, start)
+    m_new = jnp.maximum(m_BKGT, s.max(axis=-1))
+    p = jnp.exp(s - m_new[..., None])
+    rescale = jnp.exp(m_BKGT - m_new)
+    l_new = l_BKGT * rescale + p.sum(axis=-1)
+    pv = jnp.einsum("BKGTC,BKCd->BKGTd", p.astype(q_BKGTd.dtype), v_BKCd,
+                    preferred_element_type=jnp.float32)
+    return (m_new, l_new, acc_BKGTd * rescale[..., None] + pv), None
+
+  init = (jnp.full((B, K, G, T), -jnp.inf, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
+          jnp.zeros((B, K, G, T, d), jnp.float32))
+  (m, l, acc), _ = jax.lax.scan(body, init, (k_n, v_n, valid_n, starts))
+  return (acc / l[..., None]).astype(q_BKGTd.dtype), m + jnp.log(l)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q_BKGTd, k_BKSd, v_BKSd, valid_BS, C):
+  return _flash_forward(q_BKGTd, k_BKSd, v_BKSd, valid_BS, C)[0]
+
+
+def _flash_fwd(q_BKGTd, k_BKSd, v_BKSd, valid_BS, C):
+  out, lse = _flash_forward(q_BKGTd, k_BKSd, v_BKSd, valid_BS, C)
+  return out, (q_BKGTd, k_BKSd, v_BKSd, valid_BS, out, lse)
+
+
+def _flash_bwd(C, residuals, dout_BKGTd):
+  q_BKGTd, k_BKSd, v_BKSd, valid_BS, out, lse_BKGT = residuals
+  S, d, dt = k_BKSd.shape[2], q_BKGTd.shape[-1], q_BKGTd.dtype
+  k_n, v_n, valid_n = _key_blocks(k_BKSd, v_BKSd, valid_BS, C)
+  starts = jnp.arange(k_n.shape[0]) * C
+  dout = dout_BKGTd.astype(dt)
+  delta_BKGT = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+
+  def body(dq_BKGTd, blk):
+    k_BKCd, v_BKCd, valid_BC, start = blk
+    s = _block_scores(q_BKGTd, k_BKCd, valid_BC, start)
+    p = jnp.exp(s - lse_BKGT[..., None])  # this block's softmax weights
+    dv_BKCd = jnp.einsum("BKGTC,BKGTd->BKCd", p.astype(dt), dout,
+                         preferred_element_type=jnp.float32)
+    dp = jnp.einsum("BKGTd,BKCd->BKGTC", dout, v_BKCd, preferred_element_type=jnp.float32)
+    # Masked scores are constants (MASKED): no gradient flows through them.
+    live = (s > MASKED) & (s > -jnp.inf)
+    ds = jnp.where(live, p * (dp - delta_BKGT[..., None]), 0.0) * d ** -0.5
+    dq_BKGTd = dq_BKGTd + jnp.einsum("BKGTC,BKCd->BKGTd", ds.astype(dt), k_BKCd,
+                                     preferred_element_type=jnp.float32)
+    dk_BKCd = jnp.einsum("BKGTC,BKGTd->BKCd", ds.astype(dt), q_BKGTd,
+                         preferred_element_type=jnp.float32)
+    return dq_BKGTd, (dk_BKCd, dv_BKCd)
+
+  dq, (dk_n, dv_n) = jax.lax.scan(body, jnp.zeros(q_BKGTd.shape, jnp.float32),
+                                  (k_n, v_n, valid_n, starts))
+  from_blocks = lambda x_n: x_n.transpose(1, 2, 0, 3, 4).reshape(
+      x_n.shape[1], x_n.shape[2], -1, x_n.shape[-1])[:, :, :S]
+  return (dq.astype(dt), from_blocks(dk_n).astype(k_BKSd.dtype),
+          from_blocks(dv_n).astype(v_BKSd.dtype), None)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# --- cudnn: NVIDIA's fused flash attention --------------------------------------------------------
+def _cudnn(q_BTKGd, k_BSKd, v_BSKd, valid_BS, implementation: str = "cudnn"):
+  """cuDNN's kernel through `jax.nn.dot_product_attention` (`implementation` 'xla' runs the
+  same call on any platform: the tests check the arguments that way)."""
+  B, T, K, G, d = q_BTKGd.shape
+  # is_causal lets cuDNN skip the blocks above the diagonal; the mask adds the key padding
+  # (left-padded prompts), which cuDNN's length-based padding cannot express.
+  mask_B1TS = _causal_mask(valid_BS, T, k_BSKd.shape[1])[:, None]
+  out_BTHd = jax.nn.dot_product_attention(q_BTKGd.reshape(B, T, K * G, d), k_BSKd, v_BSKd,
+                                          mask=mask_B1TS, is_causal=True,
+                                          implementation=implementation)
+  return out_BTHd.reshape(B, T, K, G, d)
+
+
+# --- splash: the Pallas TPU kernel, per device ----------------------------------------------------
+def _splash(q_BTKGd, k_BSKd, v_BSKd, valid_BS, mesh, rules):
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+  B, T, K, G, d = q_BTKGd.shape
+  if T % 128:
+    raise ValueError(f"attention='splash' needs a sequence length that is a multiple of 128, "
+                     f"got {T}; use 'auto' or 'blockwise'")
+  interpret = platform_of(mesh) != "tpu"  # runs anywhere, slowly: the CPU tests use it
+  blk = math.gcd(T, 512)
+  sizes = splash.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
+                            block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk,
+                            block_kv_dq=blk)
+  kernel = splash.make_splash_mqa_single_device(
+      masks.MultiHeadMask([masks.CausalMask((T, T)) for _ in range(G)]), block_sizes=sizes,
+      interpret=interpret)
+
+  def one_device(q_BTKGd, k_BSKd, v_BSKd, valid_BS):
+    # Real tokens are segment 1, padding segment 0: a real query never sees a padding key,
+    # and every query sees at least itself. Padding queries' outputs are never read.
+    seg_BS = valid_BS.astype(jnp.int32)
+    q_BKGTd = (q_BTKGd * d ** -0.5).astype(q_BTKGd.dtype).transpose(0, 2, 3, 1, 4)
+    k_BKSd, v_BKSd = k_BSKd.transpose(0, 2, 1, 3), v_BSKd.transpose(0, 2, 1, 3)
+    per_head = jax.vmap(lambda q, k, v, seg: kernel(q, k, v, splash.SegmentIds(seg, seg)),
+                        in_axes=(0, 0, 0, None))  # over the K kv heads (MQA within a group)
+    out_BKGTd = jax.vmap(per_head)(q_BKGTd, k_BKSd, v_BKSd, seg_BS)
+    return out_BKGTd.transpose(0, 3, 1, 2, 4).astype(q_BTKGd.dtype)
+
+  if mesh is None or rules is None:
+    return one_device(q_BTKGd, k_BSKd, v_BSKd, valid_BS)
+  spec = lambda names, x: sh.logical_to_spec(names, x.shape, mesh, rules)
+  q_spec = spec((sh.BATCH, None, sh.KV_HEADS, None, None), q_BTKGd)
+  kv_spec = spec((sh.BATCH, None, sh.KV_HEADS, None), k_BSKd)
+  valid_spec = spec((sh.BATCH, None), valid_BS)
+  return jax.shard_map(one_device, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, valid_spec),
+                       out_specs=q_spec, check_vma=False)(q_BTKGd, k_BSKd, v_BSKd, valid_BS)
+
+
+# --- attention over a KV cache (decoding) ----------------------------------------------------------
+def cached_attention(q_BTKGd, k_BTKd, v_BTKd, layer_cache: dict, valid_BS, cache_index):
+  """T new tokens attending to the cache's earlier slots and to themselves (causally).
+
+  Args:
+    q_BTKGd, k_BTKd, v_BTKd: the new tokens' queries, keys and values.
+    layer_cache: one layer of `kv_cache` (own slots, maybe a shared prefix), read only: the
+      new keys and values are not in it yet.
+    valid_BS: validity of every slot (prefix first), including the new tokens' slots
+      [cache_index, cache_index + T).
+    cache_index: the slot of the first new token.
+  Returns:
+    [B, T, K, G, d].
+  """
+  from jaxrl_llm.models import kv_cache  # pylint: disable=g-import-not-at-top
+  B, T, K, G, d = q_BTKGd.shape
+  q_BKGTd = q_BTKGd.transpose(0, 2, 3, 1, 4)
+  k_BKTd, v_BKTd = k_BTKd.transpose(0, 2, 1, 3), v_BTKd.transpose(0, 2, 1, 3)
+  old_BKGTS = kv_cache.scores(layer_cache, q_BKGTd)
+  S = old_BKGTS.shape[-1]
+  old_valid_BS = valid_BS.astype(bool) & (jnp.arange(S) < cache_index)[None]
+  new_valid_BT = jax.lax.dynamic_slice_in_dim(valid_BS, cache_index, T, axis=1)
+  new_BKGTT = jnp.einsum("BKGTd,BKUd->BKGTU", q_BKGTd, k_BKTd, preferred_element_type=jnp.float32)
+  s = jnp.concatenate([
+      jnp.where(old_valid_BS[:, None, None, None], old_BKGTS * d ** -0.5, MASKED),
+      jnp.where(_causal_mask(new_valid_BT, T, T)[:, None, None], new_BKGTT * d ** -0.5, MASKED),
+  ], axis=-1)
+  p = jax.nn.softmax(s, axis=-1).astype(q_BTKGd.dtype)  # softmax in float32
+  out_BKGTd = kv_cache.mix(layer_cache, p[..., :S])
+  out_BKGTd = out_BKGTd + jnp.einsum("BKGTU,BKUd->BKGTd", p[..., S:], v_BKTd)
+  return out_BKGTd.transpose(0, 3, 1, 2, 4)

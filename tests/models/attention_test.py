@@ -1,0 +1,110 @@
+"""The training attention kernels agree with the plain one, values and gradients."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+
+from jaxrl_llm import sharding as sh
+from jaxrl_llm.models import attention
+
+
+def _inputs(B=2, T=96, K=2, G=2, d=16, dtype=jnp.float32, seed=0):
+  rng = np.random.RandomState(seed)
+  q = jnp.asarray(rng.randn(B, T, K, G, d), dtype)
+  k = jnp.asarray(rng.randn(B, T, K, d), dtype)
+  v = jnp.asarray(rng.randn(B, T, K, d), dtype)
+  valid = np.ones((B, T), np.int32)
+  valid[0, :T // 3] = 0  # a left-padded prompt: its padding queries see no key at all
+  valid[-1, T - 7:] = 0  # padding after the end of a completion
+  return q, k, v, jnp.asarray(valid)
+
+
+def _loss(impl, valid, block=attention.BLOCK, **kw):
+  """A scalar of the real queries' outputs (padding queries' outputs are never read)."""
+  weights = jnp.asarray(np.random.RandomState(1).randn(*valid.shape, 1, 1, 1), jnp.float32)
+
+  def loss(q, k, v):
+    out = attention.causal_attention(q, k, v, valid, impl=impl, block=block, **kw)
+    return jnp.sum(out.astype(jnp.float32) * weights * valid[:, :, None, None, None])
+  return loss
+
+
+class CausalAttentionTest(parameterized.TestCase):
+
+  @parameterized.parameters(16, 40, 96, 512)  # blocks that divide T, do not, or exceed it
+  def test_blockwise_matches_xla_values_and_gradients(self, block):
+    q, k, v, valid = _inputs()
+    want = attention.causal_attention(q, k, v, valid, impl="xla")
+    got = attention.causal_attention(q, k, v, valid, impl="blockwise", block=block)
+    # Every query, padding ones included (uniform weights over the sequence in both).
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
+    grads = lambda impl: jax.grad(_loss(impl, valid, block), argnums=(0, 1, 2))(q, k, v)
+    for g_got, g_want in zip(grads("blockwise"), grads("xla")):
+      np.testing.assert_allclose(g_got, g_want, atol=2e-5, rtol=0)
+
+  def test_blockwise_bfloat16_within_bf16_rounding(self):
+    q, k, v, valid = _inputs(dtype=jnp.bfloat16)
+    exact = attention.causal_attention(*(x.astype(jnp.float32) for x in (q, k, v)), valid, impl="xla")
+    real = np.asarray(valid, bool)
+    err = lambda impl: float(jnp.abs(attention.causal_attention(
+        q, k, v, valid, impl=impl, block=32).astype(jnp.float32) - exact)[real].max())
+    self.assertEqual(attention.causal_attention(q, k, v, valid, impl="blockwise").dtype, jnp.bfloat16)
+    # Both round the probabilities and the output to bf16 (8 mantissa bits): errors alike.
+    self.assertLess(err("blockwise"), 2 * err("xla") + 1e-2)
+    g_exact = jax.grad(_loss("xla", valid), argnums=0)(*(x.astype(jnp.float32) for x in (q, k, v)))
+    g_block = jax.grad(_loss("blockwise", valid, 32), argnums=0)(q, k, v).astype(jnp.float32)
+    g_xla = jax.grad(_loss("xla", valid), argnums=0)(q, k, v).astype(jnp.float32)
+    self.assertLess(float(jnp.abs(g_block - g_exact).max()),
+                    2 * float(jnp.abs(g_xla - g_exact).max()) + 2e-2)
+
+  def test_blockwise_never_holds_the_whole_score_tensor(self):
+    """Compiled gradient programs: the blockwise one's temporaries do not grow as T * T."""
+    q, k, v, valid = _inputs(B=1, T=2048, K=1, G=2, d=16)
+
+    def temp_bytes(impl):
+      grad = jax.jit(jax.grad(_loss(impl, valid, 128), argnums=(0, 1, 2)))
+      return grad.lower(q, k, v).compile().memory_analysis().temp_size_in_bytes
+
+    scores = 1 * 1 * 2 * 2048 * 2048 * 4  # one float32 [B, K, G, T, S]
+    self.assertGreater(temp_bytes("xla"), scores)
+    self.assertLess(temp_bytes("blockwise"), scores / 2)
+
+  def test_cudnn_call_has_the_same_semantics(self):
+    """The arguments handed to cuDNN (mask + is_causal), run by jax's reference implementation."""
+    q, k, v, valid = _inputs(dtype=jnp.bfloat16, T=64)
+    real = np.asarray(valid, bool)
+    want = attention.causal_attention(q, k, v, valid, impl="xla").astype(jnp.float32)
+    got = attention._cudnn(q, k, v, valid, implementation="xla").astype(jnp.float32)
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-2, rtol=0)
+
+  def test_splash_kernel_matches_xla(self):
+    """The TPU Pallas kernel, run by the Pallas interpreter on this CPU, sharded over a mesh."""
+    q, k, v, valid = _inputs(T=128, d=64)
+    real = np.asarray(valid, bool)
+    mesh = sh.make_mesh(dict(data=2, fsdp=1, tensor=2), jax.devices()[:4])
+    got = jax.jit(functools.partial(attention.causal_attention, impl="splash", mesh=mesh,
+                                    rules=sh.DEFAULT_RULES))(q, k, v, valid)
+    want = attention.causal_attention(q, k, v, valid, impl="xla")
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-6, rtol=0)
+    g_got = jax.grad(_loss("splash", valid), argnums=(0, 1, 2))(q, k, v)
+    g_want = jax.grad(_loss("xla", valid), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(g_got, g_want):
+      np.testing.assert_allclose(a, b, atol=5e-5, rtol=0)
+    with self.assertRaisesRegex(ValueError, "multiple of 128"):
+      attention.causal_attention(*_inputs(T=96)[:4], impl="splash")
+
+  def test_auto_picks_per_platform(self):
+    resolve = attention.resolve
+    self.assertEqual(resolve("auto", platform="cpu", dtype=jnp.float32, length=96), "xla")
+    self.assertEqual(resolve("auto", platform="cpu", dtype=jnp.float32, length=4096), "blockwise")
+    self.assertEqual(resolve("auto", platform="gpu", dtype=jnp.bfloat16, length=96), "cudnn")
+    self.assertEqual(resolve("auto", platform="gpu", dtype=jnp.float32, length=4096), "blockwise")
+    self.assertEqual(resolve("auto", platform="tpu", dtype=jnp.bfloat16, length=1024), "splash")
+    self.assertEqual(resolve("auto", platform="tpu", dtype=jnp.bfloat16, length=1000), "blockwise")
+    self.assertEqual(resolve("blockwise", platform="cpu", dtype=jnp.float32, length=8), "blockwise")
+
+
+if __name__ == "__main__":
+  absltest.main()
