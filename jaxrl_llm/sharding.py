@@ -207,5 +207,14 @@ def put_process_rows(x, names: tuple, mesh: Mesh, rules: Rules) -> jax.Array:
   return jax.make_array_from_process_local_data(sharding, x, global_shape)
 
 
+def rows_sharding(rows: int, mesh: Mesh, rules: Rules) -> NamedSharding:
+  """A batch of `rows` rows split over the mesh's batch axes, the other dims replicated.
+
+  A prefix for a whole dict of batch arrays of any ranks (jit's in/out_shardings): every
+  array's first axis is its rows.
+  """
+  return named_sharding((BATCH,), (rows,), mesh, rules)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())

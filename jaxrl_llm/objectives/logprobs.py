@@ -78,6 +78,7 @@ def chunked_token_logp_and_entropy(
     *,
     chunk_size: int,
     temperature: float = 1.0,
+    entropy_grad: bool = True,
 ) -> tuple[Array, Array]:
   """`token_logp_and_entropy(unembed_fn(hidden), targets)` one sequence chunk at a time.
 
@@ -95,6 +96,9 @@ def chunked_token_logp_and_entropy(
       over parameters; gradients flow to them).
     chunk_size: sequence positions per chunk; any T works (the tail is padded).
     temperature: as in `token_logp`.
+    entropy_grad: whether the entropy is differentiated. False when it is only a metric
+      (no entropy bonus): it is then computed from stop-gradient log-probs, and the
+      backward pass does no work for it.
 
   Returns:
     `(logp_BT, entropy_BT)`, float32, equal to the unchunked computation.
@@ -111,7 +115,11 @@ def chunked_token_logp_and_entropy(
   @jax.checkpoint  # recompute the chunk's logits in the backward pass; never save them
   def one_chunk(args):
     hidden_BCD, targets_BC = args
-    return token_logp_and_entropy(unembed_fn(hidden_BCD), targets_BC, temperature)
+    logp_BCV = _log_softmax_f32(unembed_fn(hidden_BCD), temperature)
+    logp_BC = jnp.take_along_axis(logp_BCV, targets_BC[..., None], axis=-1)[..., 0]
+    if not entropy_grad:
+      logp_BCV = jax.lax.stop_gradient(logp_BCV)
+    return logp_BC, -jnp.sum(jnp.exp(logp_BCV) * logp_BCV, axis=-1)
 
   logp_NBC, entropy_NBC = jax.lax.map(one_chunk, (hidden_NBCD, targets_NBC))
   # [N, B, C] -> [B, N·C] -> drop the padding.

@@ -29,8 +29,10 @@ import numpy as np
 from jaxrl_llm import checkpoints, data, distributed, models, objectives, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.data import char_tokenizer
-from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models import load
+from jaxrl_llm.models.config import ModelConfig, from_hf_dict
 from jaxrl_llm.rewards import RewardSet
+from jaxrl_llm.training import flops as flops_lib
 from jaxrl_llm.training import guards
 from jaxrl_llm.training import metrics as metrics_lib
 from jaxrl_llm.training import rollout as rollout_lib
@@ -48,27 +50,35 @@ def uses_value_model(algo) -> bool:
   return algo.value.coef > 0
 
 
+def model_config(config) -> ModelConfig:
+  """The policy's architecture: `config.model.path`'s config.json, or `config.model.arch`."""
+  m = config.model
+  if m.path:
+    return from_hf_dict(load.read_config(m.path), dtype=m.dtype, param_dtype=m.param_dtype,
+                        remat=m.remat, attention=m.attention)
+  a = m.arch
+  return ModelConfig(
+      model_type=a.model_type, vocab_size=a.vocab_size, hidden_size=a.hidden_size,
+      intermediate_size=a.intermediate_size, num_layers=a.num_layers, num_heads=a.num_heads,
+      num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, rope_theta=a.rope_theta,
+      rms_norm_eps=a.rms_norm_eps, tie_word_embeddings=a.tie_word_embeddings,
+      max_position_embeddings=a.max_position_embeddings, qkv_bias=a.model_type == "qwen2",
+      qk_norm=a.model_type == "qwen3", dtype=m.dtype, param_dtype=m.param_dtype,
+      remat=m.remat, attention=m.attention, eos_token_id=char_tokenizer.EOS_ID,
+      pad_token_id=char_tokenizer.PAD_ID, bos_token_id=char_tokenizer.BOS_ID)
+
+
 def load_tokenizer_and_policy(config, mesh, rules):
   """The policy (HF directory, or the in-config architecture) and its tokenizer."""
   m = config.model
+  cfg = model_config(config)
   if m.path:
-    policy = models.from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype,
-                                    remat=m.remat, attention=m.attention, mesh=mesh, rules=rules)
+    policy = models.place(models.Model(load.load_params(m.path, cfg), cfg), mesh, rules)
     tokenizer = data.load_tokenizer(m.tokenizer_path or m.path)
   else:
-    a = m.arch
-    cfg = ModelConfig(
-        model_type=a.model_type, vocab_size=a.vocab_size, hidden_size=a.hidden_size,
-        intermediate_size=a.intermediate_size, num_layers=a.num_layers, num_heads=a.num_heads,
-        num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, rope_theta=a.rope_theta,
-        rms_norm_eps=a.rms_norm_eps, tie_word_embeddings=a.tie_word_embeddings,
-        max_position_embeddings=a.max_position_embeddings, qkv_bias=a.model_type == "qwen2",
-        qk_norm=a.model_type == "qwen3", dtype=m.dtype, param_dtype=m.param_dtype,
-        remat=m.remat, attention=m.attention, eos_token_id=char_tokenizer.EOS_ID, pad_token_id=char_tokenizer.PAD_ID,
-        bos_token_id=char_tokenizer.BOS_ID)
     policy = models.init(cfg, jax.random.PRNGKey(config.seed), mesh=mesh, rules=rules)
     tokenizer = (data.load_tokenizer(m.tokenizer_path) if m.tokenizer_path
-                 else char_tokenizer.build_char_tokenizer(vocab_size=a.vocab_size))
+                 else char_tokenizer.build_char_tokenizer(vocab_size=cfg.vocab_size))
   if len(tokenizer) > policy.config.vocab_size:
     source = (f"config.model.tokenizer_path={m.tokenizer_path or m.path!r}" if m.path or
               m.tokenizer_path else "the built-in character tokenizer")
@@ -98,7 +108,7 @@ def _differences(saved, wanted, prefix="") -> str:
   return f"{prefix[:-1]}: {saved!r} in the checkpoint, {wanted!r} in this config"
 
 
-def _batch_arrays(r: rollout_lib.Rollout, G: int, mask_truncated: bool) -> dict[str, np.ndarray]:
+def batch_arrays(r: rollout_lib.Rollout, G: int, mask_truncated: bool) -> dict[str, np.ndarray]:
   """The rollout as training rows: prompt + completion, masks, sampler log-probs.
 
   Prompts are left-padded to the longest prompt block of any process, so that every
@@ -114,14 +124,14 @@ def _batch_arrays(r: rollout_lib.Rollout, G: int, mask_truncated: bool) -> dict[
       "tokens": np.concatenate([prompt_tokens, r.tokens], axis=1).astype(np.int32),
       "attention_mask": np.concatenate([prompt_mask, r.mask], axis=1).astype(np.int32),
       "loss_mask": loss_mask.astype(np.int32),
-      "rewards": r.rewards.reshape(-1, G).astype(np.float32),
+      "rewards": r.rewards.astype(np.float32),  # [B]: every batch array's first axis is its rows
   }
   if r.logprobs is not None:
     out["sampler_logp"] = r.logprobs.astype(np.float32)
   return out
 
 
-def _place_batch(arrays: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.Array]:
+def place_batch(arrays: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.Array]:
   """Each process's rows -> global arrays sharded over the batch axis."""
   return {k: sh.put_process_rows(v, (sh.BATCH,) + (None,) * (v.ndim - 1), mesh, rules)
           for k, v in arrays.items()}
@@ -139,7 +149,7 @@ def _needs_old_logp(algo) -> bool:
           or (algo.kl.coef > 0 and algo.kl.placement == "reward"))
 
 
-def _prepare(batch, policy, reference, value, *, algo, temperature, chunk_size):
+def _prepare(batch, policy, reference, value, *, algo, num_samples, temperature, chunk_size):
   """Old/reference log-probs, values and advantages of a rollout batch (one program)."""
   out = dict(batch)
   mask = batch["loss_mask"]
@@ -156,7 +166,8 @@ def _prepare(batch, policy, reference, value, *, algo, temperature, chunk_size):
     ref_logp = jnp.where(mask > 0, ref_logp, 0.0)
   if value is not None:
     values = steps.completion_values(value, batch)
-  adv, returns = objectives.token_advantages(batch["rewards"], mask, algo, logp_BT=old_logp,
+  rewards_PG = batch["rewards"].reshape(-1, num_samples)
+  adv, returns = objectives.token_advantages(rewards_PG, mask, algo, logp_BT=old_logp,
                                              ref_logp_BT=ref_logp, values_BT=values)
   if algo.tis_cap > 0 and "sampler_logp" in batch and algo.old_logp == "recompute":
     adv = adv * objectives.truncated_importance_weight(old_logp, batch["sampler_logp"], algo.tis_cap)
@@ -170,6 +181,129 @@ def _prepare(batch, policy, reference, value, *, algo, temperature, chunk_size):
   out.pop("rewards")
   out.pop("sampler_logp", None)
   return out
+
+
+def _throughput(model_config, algo, rollout, arrays, *, dt, t_sample, t_logprob, t_update, G, N,
+                reference, value, peak) -> dict[str, float]:
+  """Step times, tokens per second and model-FLOP utilisation of a step (`flops`).
+
+  `peak`: the FLOP/s of all the mesh's devices together.
+  """
+  P = len(rollout.prompts) * jax.process_count()
+  sampled = rollout.logprobs is not None
+  lengths = float(distributed.concat(rollout.lengths).sum())
+  generated = lengths if sampled else None
+  step = flops_lib.step_flops(
+      model_config, algo, prompts=P, samples=G, prompt_len=arrays["tokens"].shape[1] - N,
+      new_tokens=N, generated=generated, reference=reference, value=value,
+      recompute_old_logp=_recomputes_old_logp(algo, sampled))
+  train_tokens = float(distributed.sum_int(int(arrays["loss_mask"].sum())))
+  out = dict(step_time_s=dt, sample_time_s=t_sample, logprob_time_s=t_logprob,
+             update_time_s=t_update, mfu=step["total"] / dt / peak,
+             update_mfu=step["update"] / max(t_update, 1e-9) / peak,
+             train_tokens_per_s=train_tokens * algo.num_iterations / max(t_update, 1e-9),
+             sample_tokens_per_s=lengths / max(t_sample, 1e-9))
+  return out
+
+
+def _recomputes_old_logp(algo, sampled: bool) -> bool:
+  """Whether `_prepare` runs the policy forward for old log-probs (see `_needs_old_logp`)."""
+  return _needs_old_logp(algo) and not (sampled and algo.old_logp == "sampler")
+
+
+# --- set-up and compiled steps ----------------------------------------------------------------
+@dataclasses.dataclass
+class Models:
+  """What a run trains and scores with, placed on one mesh (made by `set_up`).
+
+  Attributes:
+    mesh, rules: the device mesh and the logical-axis rules.
+    tokenizer: the policy's tokenizer.
+    policy, reference, value: `models.Model`s (reference/value None when `config.algo`
+      needs none); the policy's and critic's trained parameters live in `state`.
+    schedule, optimizer: the learning-rate schedule (per optimizer update) and the optax
+      transformation following it.
+    state: a fresh `TrainState`, sharded like the parameters.
+  """
+  mesh: Any
+  rules: Any
+  tokenizer: Any
+  policy: models.Model
+  reference: models.Model | None
+  value: models.Model | None
+  schedule: Any
+  optimizer: Any
+  state: state_lib.TrainState
+
+
+def set_up(config, devices=None) -> Models:
+  """The mesh, the models and a fresh train state of a (validated) config."""
+  algo, t = config.algo, config.train
+  mesh = sh.make_mesh(config.mesh, devices)
+  rules = sh.freeze_rules(config.mesh.rules)
+  tokenizer, policy = load_tokenizer_and_policy(config, mesh, rules)
+  reference = (policy.replace(params=jax.tree.map(jnp.copy, policy.params))
+               if uses_reference(algo) else None)
+  value = models.value_model(policy) if uses_value_model(algo) else None
+  # One schedule: the optimizer follows it and the `lr` metric reads it.
+  schedule = state_lib.make_schedule(
+      config.optimizer, t.steps * algo.num_iterations * algo.num_minibatches)
+  optimizer = state_lib.make_optimizer(config.optimizer, schedule)
+  state = state_lib.init_state(policy.params, None if value is None else value.params,
+                               optimizer, optimizer, config.seed)
+  # Parameters and optimizer moments are already sharded; counters and the key replicate.
+  state = jax.device_put(state, jax.tree.map(
+      lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding)
+      else sh.replicated(mesh), state))
+  return Models(mesh, rules, tokenizer, policy, reference, value, schedule, optimizer, state)
+
+
+@dataclasses.dataclass
+class Steps:
+  """The jitted programs of a step (made by `jit_steps`); see `train` for their order."""
+  prepare: Any
+  policy_update: Any
+  value_update: Any
+  take_rows: Any
+  next_step: Any
+  minibatch_rows: int
+
+
+def jit_steps(config, m: Models) -> Steps:
+  """Every program states where its inputs and outputs live.
+
+  Batch rows are sharded over the mesh's batch axes (each minibatch too), parameters and
+  optimizer state stay where they are placed (the state is donated), metrics come back
+  replicated and stay on the devices until a step is logged.
+  """
+  algo, t, s = config.algo, config.train, config.sampling
+  B = t.prompts_per_step * s.num_samples
+  placed = lambda model: None if model is None else model.replace(
+      params=jax.tree.map(lambda x: x.sharding, model.params))
+  state_shardings = jax.tree.map(lambda x: x.sharding, m.state)
+  minibatch_rows = B // algo.num_minibatches
+  rows, minibatch = (sh.rows_sharding(B, m.mesh, m.rules),
+                     sh.rows_sharding(minibatch_rows, m.mesh, m.rules))
+  repl = sh.replicated(m.mesh)
+  num_micro = minibatch_rows // min(t.micro_batch_size, minibatch_rows)
+  update = lambda fn, model, **kw: jax.jit(
+      functools.partial(fn, model_static=model.replace(params=None), algo=algo,
+                        optimizer=m.optimizer, num_micro=num_micro, **kw),
+      in_shardings=(state_shardings, minibatch), out_shardings=(state_shardings, repl),
+      donate_argnums=(0,))
+  return Steps(
+      prepare=jax.jit(functools.partial(_prepare, algo=algo, num_samples=s.num_samples,
+                                        temperature=s.temperature, chunk_size=t.logprob_chunk_size),
+                      in_shardings=(rows, placed(m.policy), placed(m.reference), placed(m.value)),
+                      out_shardings=rows),
+      policy_update=update(steps.policy_step, m.policy, temperature=s.temperature,
+                           chunk_size=t.logprob_chunk_size),
+      value_update=None if m.value is None else update(steps.value_step, m.value),
+      take_rows=jax.jit(lambda batch, idx: jax.tree.map(lambda x: x[idx], batch),
+                        in_shardings=(rows, repl), out_shardings=minibatch),
+      next_step=jax.jit(steps.next_step, in_shardings=(state_shardings,),
+                        out_shardings=state_shardings, donate_argnums=(0,)),
+      minibatch_rows=minibatch_rows)
 
 
 # --- the loop -------------------------------------------------------------------------------------
@@ -190,25 +324,12 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
-  mesh = sh.make_mesh(config.mesh, devices)
-  rules = sh.freeze_rules(config.mesh.rules)
-  tokenizer, policy = load_tokenizer_and_policy(config, mesh, rules)
+  m = set_up(config, devices)
+  mesh, rules, tokenizer, policy, reference, value = (m.mesh, m.rules, m.tokenizer, m.policy,
+                                                      m.reference, m.value)
+  state, schedule = m.state, m.schedule
   eos, pad = rollout_lib.eos_ids(tokenizer, policy.config), rollout_lib.pad_id(tokenizer)
-  reference = (policy.replace(params=jax.tree.map(jnp.copy, policy.params))
-               if uses_reference(algo) else None)
-  value = models.value_model(policy) if uses_value_model(algo) else None
-
   updates_per_step = algo.num_iterations * algo.num_minibatches
-  # One schedule: the optimizer follows it and the `lr` metric reads it.
-  schedule = state_lib.make_schedule(config.optimizer, t.steps * updates_per_step)
-  optimizer = state_lib.make_optimizer(config.optimizer, schedule)
-  state = state_lib.init_state(policy.params, None if value is None else value.params,
-                               optimizer, optimizer, config.seed)
-  # Parameters and optimizer moments are already sharded; counters and the key replicate.
-  state = jax.device_put(state, jax.tree.map(
-      lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding)
-      else sh.replicated(mesh), state))
-  state_shardings = jax.tree.map(lambda x: x.sharding, state)
 
   ckpt = checkpoints.Checkpointer(workdir, config.checkpoint)
   fingerprint = _fingerprint(policy, value is not None)
@@ -242,27 +363,15 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
   # ---------------------------------------------------------------- Compiled steps
   as_policy = lambda st: policy.replace(params=st.policy_params)
   as_value = lambda st: None if value is None else value.replace(params=st.value_params)
-  prepare = jax.jit(functools.partial(_prepare, algo=algo, temperature=s.temperature,
-                                      chunk_size=t.logprob_chunk_size))
-  minibatch_rows = P * G // algo.num_minibatches
-  num_micro = minibatch_rows // min(t.micro_batch_size, minibatch_rows)
-  policy_update = jax.jit(
-      functools.partial(steps.policy_step, model_static=policy.replace(params=None), algo=algo,
-                        optimizer=optimizer, temperature=s.temperature,
-                        chunk_size=t.logprob_chunk_size, num_micro=num_micro),
-      donate_argnums=(0,), out_shardings=(state_shardings, None))
-  value_update = None if value is None else jax.jit(
-      functools.partial(steps.value_step, model_static=value.replace(params=None), algo=algo,
-                        optimizer=optimizer, num_micro=num_micro),
-      donate_argnums=(0,), out_shardings=(state_shardings, None))
-  take_rows = jax.jit(lambda batch, idx: jax.tree.map(lambda x: x[idx], batch))
-  next_step = jax.jit(steps.next_step, donate_argnums=(0,), out_shardings=state_shardings)
-  total = jax.jit(jnp.sum)
+  programs = jit_steps(config, m)
+  minibatch_rows = programs.minibatch_rows
 
-  peak = t.peak_flops_per_device or metrics_lib.measure_peak_flops()
+  peak, peak_source = flops_lib.peak_flops_per_device(mesh.devices.flatten().tolist(),
+                                                      t.peak_flops_per_device)
   guard = guards.NonFiniteGuard(t.max_consecutive_skips, skips.get("skipped_steps", 0),
                                 skips.get("consecutive_skips", 0))
   writer = metrics_lib.MetricsWriter(workdir, config.logging, t.steps, start)
+  writer.print(f"mfu: model FLOPs against {peak / 1e12:.3g} TFLOP/s per device ({peak_source})")
   preemption = guards.PreemptionWatch()
   preemption.install()
   row: dict[str, float] = {}
@@ -281,8 +390,9 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
       t_sample = time.perf_counter() - t0 - t_reward
       # ---------------------------------------------------------------- Log-probs, advantages
       t0 = time.perf_counter()
-      batch = _place_batch(_batch_arrays(rollout, G, algo.overlong.mask_truncated), mesh, rules)
-      batch = prepare(batch, as_policy(state), reference, as_value(state))
+      arrays = batch_arrays(rollout, G, algo.overlong.mask_truncated)
+      batch = programs.prepare(place_batch(arrays, mesh, rules), as_policy(state), reference,
+                               as_value(state))
       jax.block_until_ready(batch)
       t_logprob = time.perf_counter() - t0
       # ---------------------------------------------------------------- Update
@@ -293,41 +403,36 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
         order = perm_rng.permutation(P * G) if algo.num_minibatches > 1 else np.arange(P * G)
         for m in range(algo.num_minibatches):
           idx = order[m * minibatch_rows:(m + 1) * minibatch_rows]
-          minibatch = take_rows(batch, idx) if algo.num_minibatches > 1 else batch
-          state, pm = policy_update(state, minibatch)
-          if value_update is not None:
-            state, vm = value_update(state, minibatch)
+          piece = programs.take_rows(batch, idx) if algo.num_minibatches > 1 else batch
+          state, pm = programs.policy_update(state, piece)
+          if programs.value_update is not None:
+            state, vm = programs.value_update(state, piece)
             pm = {**pm, **vm}
           step_metrics.append(pm)
-      state = next_step(state)
-      step_metrics = jax.device_get(step_metrics)
+      state = programs.next_step(state)
+      # The guard sees every step's non-finite flags (a few scalars); the rest waits for a log.
+      guard_row = guard.update(step + 1, jax.device_get(
+          [{k: m[k] for k in guards.NONFINITE_FLAGS if k in m} for m in step_metrics]))
       t_update = time.perf_counter() - t0
       # ---------------------------------------------------------------- Log, eval, checkpoint
       done = step + 1
       dt = time.perf_counter() - t_step
-      row = {k: float(np.mean([m[k] for m in step_metrics])) for k in step_metrics[-1]}
-      row.update(rollout.metrics)
-      row.update(guard.update(done, step_metrics))
-      gen_tokens = float(distributed.concat(rollout.lengths).sum())
-      train_tokens = float(total(batch["loss_mask"]))
-      S0 = batch["tokens"].shape[1] - N
-      context = S0 + N / 2
-      flops = metrics_lib.forward_flops(policy.config, gen_tokens, context)  # sampling
-      flops += metrics_lib.forward_flops(policy.config, P * G * (S0 + N),
-                                         context) * (3 * updates_per_step + (reference is not None)
-                                                     + (algo.old_logp == "recompute")
-                                                     + 4 * (value is not None))
-      row.update(
-          lr=float(schedule(done * updates_per_step - 1)), step_time_s=dt,
-          sample_time_s=t_sample, logprob_time_s=t_logprob, update_time_s=t_update,
-          reward_time_s=t_reward, sample_tokens_per_s=gen_tokens / max(t_sample, 1e-9),
-          train_tokens_per_s=train_tokens * updates_per_step / max(t_update, 1e-9),
-          mfu=flops / dt / (peak * jax.device_count()), data_position=rollout.position)
-      if evaluator is not None and (done % t.eval_every == 0 or done == t.steps):
-        row.update(evaluator(as_policy(state)))
-        writer.print(evaluator.table_row(done, row))
       if done % t.log_every == 0 or done == t.steps or guard.consecutive:
+        step_metrics = jax.device_get(step_metrics)
+        row = {k: float(np.mean([m[k] for m in step_metrics])) for k in step_metrics[-1]}
+        row.update(rollout.metrics, **guard_row)
+        row.update(_throughput(policy.config, algo, rollout, arrays, dt=dt, t_sample=t_sample,
+                               t_logprob=t_logprob, t_update=t_update, G=G, N=N,
+                               reference=reference is not None, value=value is not None,
+                               peak=peak * mesh.size))
+        row.update(lr=float(schedule(done * updates_per_step - 1)), reward_time_s=t_reward,
+                   data_position=rollout.position)
+        if evaluator is not None and (done % t.eval_every == 0 or done == t.steps):
+          row.update(evaluator(as_policy(state)))
+          writer.print(evaluator.table_row(done, row))
         writer.write(done, row)
+      elif evaluator is not None and done % t.eval_every == 0:
+        writer.print(evaluator.table_row(done, evaluator(as_policy(state))))
       guard.check(done)
       preempted = preemption.requested() and done < t.steps
       if ckpt.due(done, last=done == t.steps) or preempted:

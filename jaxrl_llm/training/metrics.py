@@ -1,15 +1,13 @@
 """Metrics: a progress bar, `metrics.jsonl`, TensorBoard events; process 0 writes.
 
-Also the model-FLOP accounting behind `mfu`.
+(The model-FLOP accounting behind `mfu` is in `flops`.)
 """
 from __future__ import annotations
 
 import json
 import os
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 
@@ -98,31 +96,3 @@ def _drop_rows_after(path: str, step: int) -> None:
 def _plain(v):
   v = np.asarray(v)
   return v.item() if v.size == 1 else v.tolist()
-
-
-def matmul_params(model_config) -> int:
-  """Parameters that do one multiply-add per token (all but norms and the embedding lookup)."""
-  c = model_config
-  per_layer = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
-  per_layer += 3 * c.hidden_size * c.intermediate_size
-  return c.num_layers * per_layer + c.hidden_size * c.vocab_size
-
-
-def forward_flops(model_config, tokens: int, context: float) -> float:
-  """2·params per token for the matmuls, plus QK^T and AV over `context` keys on average."""
-  attn = 4 * model_config.num_layers * model_config.num_heads * model_config.head_dim * context
-  return tokens * (2 * matmul_params(model_config) + attn)
-
-
-def measure_peak_flops() -> float:
-  """A float32 matmul rate of this device, measured once (the CPU's MFU denominator)."""
-  n = 1024
-  a = jnp.ones((n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  times = []
-  for _ in range(5):
-    t = time.perf_counter()
-    f(a).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return 2 * n ** 3 / min(times)

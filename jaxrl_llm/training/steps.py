@@ -47,16 +47,19 @@ def _completion_hidden(model: models.Model, batch):
   return hidden_BLD[:, S0 - 1:-1]
 
 
-def completion_logp(model: models.Model, batch, *, temperature: float, chunk_size: int):
+def completion_logp(model: models.Model, batch, *, temperature: float, chunk_size: int,
+                    entropy_grad: bool = False):
   """`log_softmax(logits / T)` of every completion token and the entropy: [B, N] each.
 
   The same quantity the sampler reports as behaviour log-prob (before top-k/top-p), in
-  chunks over the sequence so [B, N, V] float32 logits never exist whole.
+  chunks over the sequence so [B, N, V] float32 logits never exist whole. The entropy is
+  differentiated only with `entropy_grad` (an entropy bonus); otherwise it is a metric.
   """
   S0, _ = completion_split(batch)
   return objectives.chunked_token_logp_and_entropy(
       _completion_hidden(model, batch), batch["tokens"][:, S0:],
-      functools.partial(models.unembed, model), chunk_size=chunk_size, temperature=temperature)
+      functools.partial(models.unembed, model), chunk_size=chunk_size, temperature=temperature,
+      entropy_grad=entropy_grad)
 
 
 def completion_values(value_model: models.Model, batch):
@@ -136,7 +139,8 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
 
   def loss_fn(params, piece):
     model = model_static.replace(params=params)
-    logp, entropy = completion_logp(model, piece, temperature=temperature, chunk_size=chunk_size)
+    logp, entropy = completion_logp(model, piece, temperature=temperature, chunk_size=chunk_size,
+                                    entropy_grad=algo.loss.entropy_coef != 0)
     old_logp = piece.get("old_logp", jax.lax.stop_gradient(logp))  # absent: see loop._prepare
     return objectives.policy_loss(logp, old_logp, piece["advantages"], piece["loss_mask"],
                                   algo, ref_logp=piece.get("ref_logp"), entropy=entropy,

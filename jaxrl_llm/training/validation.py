@@ -10,6 +10,7 @@ import os
 
 import jax
 import ml_collections
+from absl import logging
 
 from configs import common as config_schema
 from jaxrl_llm import objectives
@@ -132,16 +133,27 @@ def _check_batch_shards(config, devices) -> None:
   axes = (axes,) if isinstance(axes, str) else axes
   shards = math.prod(mesh.shape[a] for a in axes)
   P, G = config.train.prompts_per_step, config.sampling.num_samples
+  sizes = " x ".join(f"{a}={mesh.shape[a]}" for a in axes)
   if (P * G) % shards:
-    sizes = " x ".join(f"{a}={mesh.shape[a]}" for a in axes)
     raise ValueError(
         f"config.train.prompts_per_step={P} x config.sampling.num_samples={G} = {P * G} rollout "
         f"rows do not split over the {shards} batch shards of the mesh ({sizes}, the axes "
         f"config.mesh.rules maps 'batch' to): expected a multiple of {shards}")
+  minibatches = config.algo.num_minibatches
+  if (P * G // minibatches) % shards:  # runs, but some devices repeat others' work
+    logging.warning(
+        "config.algo.num_minibatches=%d cuts the %d rollout rows into minibatches of %d, which "
+        "do not split over the %d batch shards of the mesh (%s): each minibatch is split over "
+        "fewer devices (replicated on the others); minibatches of a multiple of %d rows use "
+        "every device", minibatches, P * G, P * G // minibatches, shards, sizes, shards)
 
 
 # --- model and tokenizer --------------------------------------------------------------------------
 def _check_model(m) -> None:
+  for name, allowed in (("remat", model_config.REMAT_POLICIES),
+                        ("attention", model_config.ATTENTION_IMPLS)):
+    if m[name] not in allowed:
+      raise ValueError(f"config.model.{name}={m[name]!r}: expected one of {list(allowed)}")
   if m.path:
     try:
       model_config.from_hf_dict(model_load.check_model_dir(m.path))

@@ -19,7 +19,7 @@ PRESETS = ("ppo", "grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "ci
            "sapo", "max_rl", "sft")
 # Wall-clock and throughput fields differ run to run; everything else must not.
 TIMING = ("step_time_s", "sample_time_s", "reward_time_s", "logprob_time_s", "update_time_s",
-          "sample_tokens_per_s", "train_tokens_per_s", "mfu")
+          "sample_tokens_per_s", "train_tokens_per_s", "mfu", "update_mfu")
 
 
 def read_jsonl(workdir):

@@ -1,0 +1,198 @@
+"""One RL step of any config, measured: phase split, FLOP rate, compile time, step memory.
+
+  .venv/bin/python bench/train_step.py                      # tiny-grpo-cpu, 2 warm-up + 8 steps
+  XLA_FLAGS=--xla_force_host_platform_device_count=2 .venv/bin/python bench/train_step.py
+  .venv/bin/python bench/train_step.py --layers 28          # the same model 28 layers deep
+  .venv/bin/python bench/train_step.py --config=configs/gspo.py:runlocal --config.train.steps=6
+  .venv/bin/python bench/train_step.py --shape=qwen3_0_6b --memory_only   # compile only
+
+The default workload is tiny-grpo-cpu, the one `../shared/bench/run_peers.sh` runs on TRL,
+tunix and this project: a random 4-layer Llama (vocab 512, hidden 256, MLP 768, 4 heads,
+2 kv heads of 64), float32, 8 prompts of 32 characters x G 8, 64 new tokens at temperature 1,
+reward = fraction of 'a' characters, GRPO with a k3 KL of 0.04 to a frozen reference, one
+update per step over all 64 rows. `--shape=qwen3_0_6b` swaps in the Qwen3-0.6B shape of the
+GPU runs (28 layers, hidden 1024, vocab 151,936, tied, bf16 compute / float32 parameters) with
+32 prompts of 128 tokens x G 8 x 128 new tokens, micro-batch 64.
+
+Printed: the step's median split (sample, log-probs, update), the model FLOPs of a step
+(`jaxrl_llm.training.flops`) per second against a float32 2048^3 matmul measured in the same
+process, the first step's time (compilation), peak RSS, and XLA's `memory_analysis()` of the
+compiled policy update (its temporaries per token of a micro-batch). The last line is JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (default: tiny-grpo-cpu)",
+                                          lock_config=False)
+_LAYERS = flags.DEFINE_integer("layers", 0, "override the model's depth (0: keep)")
+_SHAPE = flags.DEFINE_enum("shape", "tiny", ["tiny", "qwen3_0_6b"], "the default workload's model")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "steps left out of the medians (the first compiles)")
+_STEPS = flags.DEFINE_integer("steps", 8, "measured steps")
+_MEMORY_ONLY = flags.DEFINE_bool("memory_only", False, "compile the policy update and report its "
+                                 "memory; train nothing")
+
+REWARD_SRC = '''
+def frac_a(prompts, completions, **fields):
+  return [c.count("a") / len(c) if c else 0.0 for c in completions]
+'''
+
+
+def workload(tmp: str, shape: str):
+  """The tiny-grpo-cpu config (or its Qwen3-0.6B-shaped variant), data and reward in `tmp`."""
+  import numpy as np
+  from configs import grpo
+  c = grpo.get_config()
+  a = c.model.arch
+  if shape == "tiny":
+    a.vocab_size, a.hidden_size, a.intermediate_size, a.num_layers = 512, 256, 768, 4
+    a.num_heads, a.num_kv_heads, a.head_dim, a.tie_word_embeddings = 4, 2, 64, False
+    P, prompt_len, G, N, micro = 8, 32, 8, 64, 64
+  else:
+    a.model_type, a.vocab_size, a.hidden_size, a.intermediate_size = "qwen3", 151936, 1024, 3072
+    a.num_layers, a.num_heads, a.num_kv_heads, a.head_dim = 28, 16, 8, 128
+    a.tie_word_embeddings, a.rope_theta = True, 1e6
+    c.model.dtype, c.model.param_dtype = "bfloat16", "float32"
+    P, prompt_len, G, N, micro = 32, 128, 8, 128, 64
+  a.max_position_embeddings = 4096
+  rng = np.random.RandomState(0)
+  letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+  for split in ("train", "eval"):
+    with open(os.path.join(tmp, f"{split}.jsonl"), "w") as f:
+      for _ in range(P):
+        f.write(json.dumps({"prompt": "".join(rng.choice(letters, prompt_len))}) + "\n")
+  with open(os.path.join(tmp, "reward.py"), "w") as f:
+    f.write(REWARD_SRC)
+  c.sampling.num_samples, c.sampling.max_new_tokens, c.sampling.temperature = G, N, 1.0
+  c.sampling.max_prompt_len = 2 * prompt_len
+  c.sampling.prompt_buckets = (prompt_len, 2 * prompt_len)
+  c.train.prompts_per_step, c.train.micro_batch_size = P, micro
+  c.optimizer.lr, c.optimizer.grad_clip_norm = 1e-5, 1.0
+  c.algo.kl.coef, c.algo.kl.estimator = 0.04, "k3"
+  c.data.source = "jsonl:" + os.path.join(tmp, "{split}.jsonl")
+  c.rewards.functions, c.rewards.weights = (os.path.join(tmp, "reward.py") + ":frac_a",), (1.0,)
+  return c
+
+
+def matmul_rate() -> float:
+  """float32 2048^3 matmul FLOP/s of one device (median of 10), as ../shared/bench/matmul_jax.py."""
+  import jax
+  import jax.numpy as jnp
+  n = 2048
+  f = jax.jit(jnp.dot)
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  for _ in range(3):
+    f(a, a).block_until_ready()
+  times = []
+  for _ in range(10):
+    t = time.perf_counter()
+    f(a, a).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return 2 * n ** 3 / statistics.median(times)
+
+
+def policy_step_memory(config) -> dict:
+  """XLA's memory analysis of the compiled policy update on a batch of the config's shapes."""
+  import jax
+  import numpy as np
+  from jaxrl_llm.training import loop, rollout as rollout_lib
+  m = loop.set_up(config)
+  programs = loop.jit_steps(config, m)
+  s, P = config.sampling, config.train.prompts_per_step
+  G, N, S0 = s.num_samples, s.max_new_tokens, max(s.prompt_buckets[0], 1)
+  B = P * G
+  rollout = rollout_lib.Rollout(
+      prompt_tokens=np.ones((P, S0), np.int32), prompt_mask=np.ones((P, S0), np.int32),
+      tokens=np.ones((B, N), np.int32), mask=np.ones((B, N), np.int32),
+      logprobs=np.zeros((B, N), np.float32), lengths=np.full(B, N, np.int32),
+      truncated=np.zeros(B, bool), rewards=np.arange(B, dtype=np.float32) % 2,
+      group_valid=np.ones(P, bool), metrics={}, position=0, prompts=[""] * P, completions=[])
+  batch = programs.prepare(loop.place_batch(loop.batch_arrays(rollout, G, False), m.mesh, m.rules),
+                           m.policy, m.reference, m.value)
+  minibatch = programs.take_rows(batch, np.arange(programs.minibatch_rows))
+  t = time.perf_counter()
+  compiled = programs.policy_update.lower(m.state, minibatch).compile()
+  compile_s = time.perf_counter() - t
+  analysis = compiled.memory_analysis()
+  micro = min(config.train.micro_batch_size, programs.minibatch_rows)
+  return dict(compile_s=compile_s, temp_bytes=analysis.temp_size_in_bytes,
+              argument_bytes=analysis.argument_size_in_bytes,
+              temp_bytes_per_token=analysis.temp_size_in_bytes / (micro * (S0 + N)),
+              micro_batch=micro, tokens_per_row=S0 + N, devices=jax.device_count())
+
+
+def main(argv):
+  del argv
+  import jax
+  from jaxrl_llm.training import flops, loop
+  tmp = tempfile.mkdtemp(prefix="train_step_")
+  config = _CONFIG.value if _CONFIG.value is not None else workload(tmp, _SHAPE.value)
+  if _LAYERS.value:
+    config.model.arch.num_layers = _LAYERS.value
+  config.train.steps = _WARMUP.value + _STEPS.value
+  config.train.eval_every, config.train.log_every = 0, 1
+  config.checkpoint.every = 0
+  config.logging.tensorboard = False
+  result = dict(devices=jax.device_count(), device_kind=jax.devices()[0].device_kind,
+                jax=jax.__version__, layers=config.model.arch.num_layers)
+  if not _MEMORY_ONLY.value:
+    result["matmul_gflops"] = matmul_rate() / 1e9
+    t0 = time.perf_counter()
+    loop.train(config, os.path.join(tmp, "workdir"))
+    result["wall_s"] = time.perf_counter() - t0
+    rows = [json.loads(line) for line in open(os.path.join(tmp, "workdir", "metrics.jsonl"))]
+    rows = [r for r in rows if "step_time_s" in r]
+    measured = rows[_WARMUP.value:]
+    med = lambda k: statistics.median(r[k] for r in measured)
+    phases = ("step", "sample", "logprob", "update")
+    result.update({f"{p}_s": med(f"{p}_time_s") for p in phases})
+    result.update(first_step_s=rows[0]["step_time_s"], step_min_s=min(r["step_time_s"] for r in measured),
+                  step_max_s=max(r["step_time_s"] for r in measured),
+                  peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  mean_length=statistics.mean(r["response_length_mean"] for r in measured))
+    s, P = config.sampling, config.train.prompts_per_step
+    work = flops.step_flops(
+        loop.model_config(config), config.algo, prompts=P, samples=s.num_samples,
+        prompt_len=s.prompt_buckets[0], new_tokens=s.max_new_tokens,
+        generated=result["mean_length"] * P * s.num_samples,
+        reference=loop.uses_reference(config.algo), value=loop.uses_value_model(config.algo),
+        recompute_old_logp=config.algo.old_logp == "recompute")
+    result["step_gflop"] = work["total"] / 1e9
+    result["gflops"] = work["total"] / result["step_s"] / 1e9
+    for p in ("sample", "logprob", "update"):
+      result[f"{p}_gflops"] = work[p] / max(result[f"{p}_s"], 1e-9) / 1e9
+    result["utilisation"] = result["gflops"] / result["matmul_gflops"]
+  result["policy_step"] = policy_step_memory(config)
+  _print(result)
+
+
+def _print(r: dict) -> None:
+  print(f"\n{r['devices']} x {r['device_kind']}, jax {r['jax']}, {r['layers']} layers")
+  if "step_s" in r:
+    print(f"step {r['step_s']:.3f} s (min {r['step_min_s']:.3f}, max {r['step_max_s']:.3f}): "
+          f"sample {r['sample_s']:.3f} s, log-probs {r['logprob_s']:.3f} s, "
+          f"update {r['update_s']:.3f} s; first step {r['first_step_s']:.2f} s")
+    print(f"{r['step_gflop']:.1f} GFLOP per step -> {r['gflops']:.1f} GFLOP/s = "
+          f"{100 * r['utilisation']:.1f}% of a {r['matmul_gflops']:.1f} GFLOP/s float32 2048^3 "
+          f"matmul (sample {r['sample_gflops']:.0f}, log-probs {r['logprob_gflops']:.0f}, "
+          f"update {r['update_gflops']:.0f} GFLOP/s); peak RSS {r['peak_rss_mib']:.0f} MiB")
+  p = r["policy_step"]
+  print(f"policy update, micro-batch {p['micro_batch']} x {p['tokens_per_row']} tokens: temp "
+        f"{p['temp_bytes'] / 2**20:.1f} MiB = {p['temp_bytes_per_token'] / 1024:.1f} KiB/token, "
+        f"arguments {p['argument_bytes'] / 2**20:.1f} MiB, compiled in {p['compile_s']:.1f} s")
+  print("RESULT " + json.dumps(r))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,120 @@
+"""Model FLOPs of an RL step and the peak they are measured against (the `mfu` metric).
+
+Model FLOPs count the matmuls the algorithm needs, once: 2 per multiply-add of a weight
+matmul, plus the two attention products over each query's causal context; elementwise work,
+norms and the recomputation that remat or chunked log-probs add are not counted (the usual
+definition of MFU, as in PaLM's appendix B). A backward pass counts twice its forward.
+
+Per step (B = P·G rows of S0 prompt + N completion tokens, T = S0 + N):
+  sample:  prefill of the P prompts once (the G samples share it) + one decode step per
+           generated token, each over its S0 + k earlier slots;
+  logprob: one forward over the batch per reference, recomputed old log-probs and values;
+  update:  3 forwards (forward + backward) per pass over the batch, for `num_iterations`
+           passes (the `num_minibatches` minibatches of a pass together cover it once), for
+           the policy and, with a value model, for the critic.
+Only completion positions are unembedded in training (the logits of prompt positions are
+never formed), and only the last prompt position when prefilling.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+# Dense bf16 matmul peak per device (one TPU chip, one GPU), from the vendors' data sheets.
+# Matched against `device.device_kind` in lower case, most specific first.
+PEAK_BF16_FLOPS = (
+    ("tpu v6 lite", 918e12), ("tpu v6e", 918e12),
+    ("tpu v5 lite", 197e12), ("tpu v5e", 197e12), ("tpu v5p", 459e12), ("tpu v5", 459e12),
+    ("tpu v4", 275e12),
+    ("h100 pcie", 756e12), ("h100", 989e12), ("h200", 989e12), ("a100", 312e12),
+)
+
+
+def layer_params(c) -> int:
+  """Weights of one layer that do one multiply-add per token (q, k, v, o, gate, up, down)."""
+  return (c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+          + 3 * c.hidden_size * c.intermediate_size)
+
+
+def forward_flops(c, tokens: float, context: float, unembedded: float | None = None) -> float:
+  """A forward pass over `tokens` tokens whose queries see `context` keys on average.
+
+  `unembedded`: how many of them are projected to the vocabulary (default: all).
+  """
+  unembedded = tokens if unembedded is None else unembedded
+  attention = 4 * c.num_layers * c.num_heads * c.head_dim * context  # q.k and p.v
+  return (tokens * (2 * c.num_layers * layer_params(c) + attention)
+          + unembedded * 2 * c.hidden_size * c.vocab_size)
+
+
+def step_flops(model_config, algo, *, prompts: int, samples: int, prompt_len: int,
+               new_tokens: int, generated: float | None, reference: bool, value: bool,
+               recompute_old_logp: bool) -> dict[str, float]:
+  """Model FLOPs of one RL step by phase: {'sample', 'logprob', 'update', 'total'}.
+
+  Args:
+    model_config: the policy's `ModelConfig` (the reference and the critic share its shape).
+    algo: `config.algo` (`num_iterations` is read).
+    prompts, samples: P and G (B = P·G rows).
+    prompt_len, new_tokens: S0 and N, the padded lengths the batch has.
+    generated: tokens the sampler generated (None: completions come from the dataset).
+    reference: a frozen reference scores the batch (KL term).
+    value: a critic scores the batch and is trained with the policy.
+    recompute_old_logp: the policy's old log-probs are recomputed before the update.
+  """
+  c, B, S0, N = model_config, prompts * samples, prompt_len, new_tokens
+  T = S0 + N
+  batch_forward = forward_flops(c, B * T, (T + 1) / 2, unembedded=B * N)
+  sample = 0.0
+  if generated is not None:
+    mean_len = generated / B
+    sample = (forward_flops(c, prompts * S0, (S0 + 1) / 2, unembedded=prompts)
+              + forward_flops(c, generated, S0 + (mean_len + 1) / 2))
+  critic_forward = forward_flops(c, B * T, (T + 1) / 2, unembedded=0)
+  logprob = batch_forward * (reference + recompute_old_logp) + critic_forward * value
+  update = 3 * algo.num_iterations * (batch_forward + critic_forward * value)
+  return {"sample": sample, "logprob": logprob, "update": update,
+          "total": sample + logprob + update}
+
+
+def table_peak(device_kind: str) -> float | None:
+  """The data-sheet bf16 peak of a device kind, or None if the table does not know it."""
+  kind = device_kind.lower()
+  for name, peak in PEAK_BF16_FLOPS:
+    if name in kind:
+      return peak
+  return None
+
+
+def measured_peak(devices) -> float:
+  """A float32 matmul rate per device, measured on all `devices` at once (the CPU fallback)."""
+  n = 1024
+  mesh = Mesh(np.asarray(devices), ("d",))
+  x = jax.device_put(jnp.ones((len(devices), n, n), jnp.float32),
+                     NamedSharding(mesh, PartitionSpec("d")))
+  f = jax.jit(lambda a: jnp.einsum("bij,bjk->bik", a, a))
+  f(x).block_until_ready()
+  times = []
+  for _ in range(5):
+    t = time.perf_counter()
+    f(x).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return 2 * n ** 3 / min(times)
+
+
+def peak_flops_per_device(devices, override: float = 0.0) -> tuple[float, str]:
+  """(peak FLOP/s of one device, where it came from): `override` if > 0
+  (`config.train.peak_flops_per_device`), else the data sheet of the device kind, else a
+  float32 matmul rate measured now (CPUs)."""
+  if override > 0:
+    return float(override), "config.train.peak_flops_per_device"
+  kind = devices[0].device_kind
+  peak = table_peak(kind)
+  if peak is not None:
+    return peak, f"bf16 data sheet of {kind!r}"
+  local = [d for d in devices if d.process_index == jax.process_index()]
+  return measured_peak(local), f"float32 matmul measured on {len(local)} {kind!r} device(s)"
