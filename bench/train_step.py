@@ -21,6 +21,7 @@ compiled policy update (its temporaries per token of a micro-batch). The last li
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import resource
@@ -42,6 +43,13 @@ _WARMUP = flags.DEFINE_integer("warmup", 2, "steps left out of the medians (the 
 _STEPS = flags.DEFINE_integer("steps", 8, "measured steps")
 _MEMORY_ONLY = flags.DEFINE_bool("memory_only", False, "compile the policy update and report its "
                                  "memory; train nothing")
+_RUN_UPDATE = flags.DEFINE_bool("run_update", False, "also run the compiled policy update once "
+                                "(does it fit in the device's memory?)")
+_MICRO_BATCH = flags.DEFINE_integer("micro_batch", 0, "override train.micro_batch_size (0: keep)")
+_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 0, "override sampling.max_new_tokens (0: keep)")
+_PROMPTS = flags.DEFINE_integer("prompts", 0, "override train.prompts_per_step (0: keep)")
+_SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE: set a config field of the workload, e.g. "
+                                 "--set=model.remat=dots (values parsed as Python literals)")
 
 REWARD_SRC = '''
 def frac_a(prompts, completions, **fields):
@@ -85,13 +93,15 @@ def workload(tmp: str, shape: str):
   return c
 
 
-def matmul_rate() -> float:
-  """float32 2048^3 matmul FLOP/s of one device (median of 10), as ../shared/bench/matmul_jax.py."""
+def matmul_rate(dtype: str) -> float:
+  """A square matmul's FLOP/s on one device (median of 10): float32 2048^3 on a CPU, as
+  ../shared/bench/matmul_jax.py; 8192^3 in the compute dtype on an accelerator."""
   import jax
   import jax.numpy as jnp
-  n = 2048
+  cpu = jax.devices()[0].platform == "cpu"
+  n = 2048 if cpu else 8192
   f = jax.jit(jnp.dot)
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32 if cpu else jnp.dtype(dtype))
   for _ in range(3):
     f(a, a).block_until_ready()
   times = []
@@ -102,7 +112,7 @@ def matmul_rate() -> float:
   return 2 * n ** 3 / statistics.median(times)
 
 
-def policy_step_memory(config) -> dict:
+def policy_step_memory(config, run: bool) -> dict:
   """XLA's memory analysis of the compiled policy update on a batch of the config's shapes."""
   import jax
   import numpy as np
@@ -126,7 +136,12 @@ def policy_step_memory(config) -> dict:
   compile_s = time.perf_counter() - t
   analysis = compiled.memory_analysis()
   micro = min(config.train.micro_batch_size, programs.minibatch_rows)
-  return dict(compile_s=compile_s, temp_bytes=analysis.temp_size_in_bytes,
+  ran = None
+  if run:
+    t = time.perf_counter()
+    jax.block_until_ready(compiled(m.state, minibatch))
+    ran = time.perf_counter() - t
+  return dict(compile_s=compile_s, run_s=ran, temp_bytes=analysis.temp_size_in_bytes,
               argument_bytes=analysis.argument_size_in_bytes,
               temp_bytes_per_token=analysis.temp_size_in_bytes / (micro * (S0 + N)),
               micro_batch=micro, tokens_per_row=S0 + N, devices=jax.device_count())
@@ -140,6 +155,22 @@ def main(argv):
   config = _CONFIG.value if _CONFIG.value is not None else workload(tmp, _SHAPE.value)
   if _LAYERS.value:
     config.model.arch.num_layers = _LAYERS.value
+  if _MICRO_BATCH.value:
+    config.train.micro_batch_size = _MICRO_BATCH.value
+  if _NEW_TOKENS.value:
+    config.sampling.max_new_tokens = _NEW_TOKENS.value
+  if _PROMPTS.value:
+    config.train.prompts_per_step = _PROMPTS.value
+  for item in _SET.value:
+    key, value = item.split("=", 1)
+    *path, last = key.split(".")
+    node = config
+    for part in path:
+      node = node[part]
+    try:
+      node[last] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      node[last] = value
   config.train.steps = _WARMUP.value + _STEPS.value
   config.train.eval_every, config.train.log_every = 0, 1
   config.checkpoint.every = 0
@@ -147,7 +178,7 @@ def main(argv):
   result = dict(devices=jax.device_count(), device_kind=jax.devices()[0].device_kind,
                 jax=jax.__version__, layers=config.model.arch.num_layers)
   if not _MEMORY_ONLY.value:
-    result["matmul_gflops"] = matmul_rate() / 1e9
+    result["matmul_gflops"] = matmul_rate(config.model.dtype) / 1e9
     t0 = time.perf_counter()
     loop.train(config, os.path.join(tmp, "workdir"))
     result["wall_s"] = time.perf_counter() - t0
@@ -157,6 +188,7 @@ def main(argv):
     med = lambda k: statistics.median(r[k] for r in measured)
     phases = ("step", "sample", "logprob", "update")
     result.update({f"{p}_s": med(f"{p}_time_s") for p in phases})
+    result.update(mfu=med("mfu"), update_mfu=med("update_mfu"))
     result.update(first_step_s=rows[0]["step_time_s"], step_min_s=min(r["step_time_s"] for r in measured),
                   step_max_s=max(r["step_time_s"] for r in measured),
                   peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -173,7 +205,7 @@ def main(argv):
     for p in ("sample", "logprob", "update"):
       result[f"{p}_gflops"] = work[p] / max(result[f"{p}_s"], 1e-9) / 1e9
     result["utilisation"] = result["gflops"] / result["matmul_gflops"]
-  result["policy_step"] = policy_step_memory(config)
+  result["policy_step"] = policy_step_memory(config, _RUN_UPDATE.value)
   _print(result)
 
 
@@ -187,10 +219,13 @@ def _print(r: dict) -> None:
           f"{100 * r['utilisation']:.1f}% of a {r['matmul_gflops']:.1f} GFLOP/s float32 2048^3 "
           f"matmul (sample {r['sample_gflops']:.0f}, log-probs {r['logprob_gflops']:.0f}, "
           f"update {r['update_gflops']:.0f} GFLOP/s); peak RSS {r['peak_rss_mib']:.0f} MiB")
+    print(f"mfu {100 * r['mfu']:.1f}%, update {100 * r['update_mfu']:.1f}% (the run's own peak, "
+          "see its first lines)")
   p = r["policy_step"]
   print(f"policy update, micro-batch {p['micro_batch']} x {p['tokens_per_row']} tokens: temp "
         f"{p['temp_bytes'] / 2**20:.1f} MiB = {p['temp_bytes_per_token'] / 1024:.1f} KiB/token, "
-        f"arguments {p['argument_bytes'] / 2**20:.1f} MiB, compiled in {p['compile_s']:.1f} s")
+        f"arguments {p['argument_bytes'] / 2**20:.1f} MiB, compiled in {p['compile_s']:.1f} s"
+        + (f", ran in {p['run_s']:.2f} s" if p["run_s"] is not None else ""))
   print("RESULT " + json.dumps(r))
 
 

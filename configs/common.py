@@ -50,7 +50,7 @@ def model_config() -> ConfigDict:
       "tokenizer_path": "",  # '' = model.path (or the built-in character tokenizer)
       "dtype": "float32",
       "param_dtype": "float32",
-      "remat": "none",  # none | dots (keep matmul outputs) | full: what backward keeps per layer
+      "remat": "full",  # full | dots (keep matmul outputs) | none: what backward keeps per layer
       "attention": "auto",  # auto | xla | blockwise | cudnn | splash (training attention kernel)
       "arch": {
           "model_type": "llama",

@@ -187,14 +187,15 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, key, s: Samp
   B = P * G
   S = S0 + N
 
-  # The weights in the compute dtype once per call, not once per layer and token.
+  # Once per call, not once per token: the weights in the compute dtype, and one array per
+  # layer (`models.unstack_layers`), so that the decode loop reads each where it lies.
   dt = model.config.jnp_dtype
-  model = model.replace(params=jax.tree.map(
-      lambda p: p.astype(dt) if jnp.issubdtype(p.dtype, jnp.floating) else p, model.params))
+  model = models.unstack_layers(model.replace(params=jax.tree.map(
+      lambda p: p.astype(dt) if jnp.issubdtype(p.dtype, jnp.floating) else p, model.params)))
 
   # Prefill: each prompt once, into a cache its G samples then share as their prefix.
   positions_PS = models.positions_from_mask(mask_PS)
-  prompt_cache = kv_cache.init_cache(model.config, P, S0, cache["v"].dtype)
+  prompt_cache = kv_cache.init_cache(model.config, P, S0, cache[0]["v"].dtype)
   hidden_PSD, prompt_cache = models.forward(model, tokens_PS, positions_PS, mask_PS, prompt_cache, 0,
                                             return_hidden=True)
   logits_PV = models.unembed(model, hidden_PSD[:, -1:])[:, 0]  # only the last prompt token's
@@ -270,7 +271,9 @@ class Sampler:
       raise ValueError(f"prompt token ids must lie in [0, {model.config.vocab_size}); got "
                        f"[{tokens.min()}, {tokens.max()}]")
     B, N = len(prompts) * jax.process_count() * s.num_samples, s.max_new_tokens
-    if self._cache is None or self._cache["v"].shape != kv_cache.shapes(model.config, B, N)["v"]:
+    shape = kv_cache.layer_shape(model.config, B, N)
+    if (self._cache is None or len(self._cache) != model.config.num_layers
+        or self._cache[0]["v"].shape != shape):
       self._cache = self._new_cache(model, B, N)
     if model.mesh is not None:
       tokens, mask = (sh.put_process_rows(x, (sh.BATCH, sh.SEQ), model.mesh, model.rules)

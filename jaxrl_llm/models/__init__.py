@@ -32,7 +32,7 @@ from jaxrl_llm.models.transformer import Transformer
 __all__ = [
     "Model", "ModelConfig", "compute_logits", "compute_values", "forward",
     "from_pretrained", "init", "init_cache", "place", "positions_from_mask", "save_pretrained",
-    "unembed", "value_model",
+    "unembed", "unstack_layers", "value_model",
 ]
 
 init_cache = kv_cache.init_cache
@@ -152,6 +152,20 @@ def value_model(policy: Model) -> Model:
   params = jax.tree.map(lambda x: x.copy() if isinstance(x, np.ndarray) else jnp.array(x), params)
   model = Model(params, cfg)
   return place(model, policy.mesh, policy.rules) if policy.mesh is not None else model
+
+
+def unstack_layers(model: Model) -> Model:
+  """The same model with one parameter tree per layer (a tuple) instead of stacked layers.
+
+  What a call with a KV cache runs (a loop over layers); the sampler unstacks once per call,
+  outside its decode loop, so that the loop reads every layer's weights where they lie.
+  """
+  layers = model.params["layers"]
+  if isinstance(layers, tuple):
+    return model
+  unstacked = tuple(jax.tree.map(lambda x, i=i: x[i], layers)
+                    for i in range(model.config.num_layers))
+  return model.replace(params=dict(model.params, layers=unstacked))
 
 
 def positions_from_mask(mask_BT: jax.Array) -> jax.Array:

@@ -258,33 +258,22 @@ def _splash(q_BTKGd, k_BSKd, v_BSKd, valid_BS, mesh, rules):
 
 
 # --- attention over a KV cache (decoding) ----------------------------------------------------------
-def cached_attention(q_BTKGd, k_BTKd, v_BTKd, layer_cache: dict, valid_BS, cache_index):
-  """T new tokens attending to the cache's earlier slots and to themselves (causally).
+def cache_attention(q_BTKGd, layer_cache: dict, valid_BS, cache_index):
+  """T new tokens, already written to the cache at slots [cache_index, cache_index + T),
+  attending to every earlier slot and to themselves.
 
   Args:
-    q_BTKGd, k_BTKd, v_BTKd: the new tokens' queries, keys and values.
-    layer_cache: one layer of `kv_cache` (own slots, maybe a shared prefix), read only: the
-      new keys and values are not in it yet.
-    valid_BS: validity of every slot (prefix first), including the new tokens' slots
-      [cache_index, cache_index + T).
+    q_BTKGd: the new tokens' queries.
+    layer_cache: one layer of `kv_cache` (own slots, maybe a shared prefix).
+    valid_BS: validity of every slot (prefix first).
     cache_index: the slot of the first new token.
   Returns:
     [B, T, K, G, d].
   """
   from jaxrl_llm.models import kv_cache  # pylint: disable=g-import-not-at-top
   B, T, K, G, d = q_BTKGd.shape
-  q_BKGTd = q_BTKGd.transpose(0, 2, 3, 1, 4)
-  k_BKTd, v_BKTd = k_BTKd.transpose(0, 2, 1, 3), v_BTKd.transpose(0, 2, 1, 3)
-  old_BKGTS = kv_cache.scores(layer_cache, q_BKGTd)
-  S = old_BKGTS.shape[-1]
-  old_valid_BS = valid_BS.astype(bool) & (jnp.arange(S) < cache_index)[None]
-  new_valid_BT = jax.lax.dynamic_slice_in_dim(valid_BS, cache_index, T, axis=1)
-  new_BKGTT = jnp.einsum("BKGTd,BKUd->BKGTU", q_BKGTd, k_BKTd, preferred_element_type=jnp.float32)
-  s = jnp.concatenate([
-      jnp.where(old_valid_BS[:, None, None, None], old_BKGTS * d ** -0.5, MASKED),
-      jnp.where(_causal_mask(new_valid_BT, T, T)[:, None, None], new_BKGTT * d ** -0.5, MASKED),
-  ], axis=-1)
-  p = jax.nn.softmax(s, axis=-1).astype(q_BTKGd.dtype)  # softmax in float32
-  out_BKGTd = kv_cache.mix(layer_cache, p[..., :S])
-  out_BKGTd = out_BKGTd + jnp.einsum("BKGTU,BKUd->BKGTd", p[..., S:], v_BKTd)
-  return out_BKGTd.transpose(0, 3, 1, 2, 4)
+  s_BKGTS = kv_cache.scores(layer_cache, q_BTKGd.transpose(0, 2, 3, 1, 4))
+  mask_BTS = _causal_mask(valid_BS, T, s_BKGTS.shape[-1], q_offset=cache_index)
+  s_BKGTS = jnp.where(mask_BTS[:, None, None], s_BKGTS * d ** -0.5, MASKED)
+  p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(q_BTKGd.dtype)  # softmax in float32
+  return kv_cache.mix(layer_cache, p_BKGTS).transpose(0, 3, 1, 2, 4)

@@ -1,9 +1,11 @@
 """The KV cache: keys and values of every layer, preallocated to a fixed length S.
 
-A cache is one dict of arrays stacked over the L layers, the layout the model's scan over
-layers reads (layer i's slice is the scan's i-th input):
+A cache is a tuple with one dict per layer, so each layer's buffers are updated in place and
+read where they lie (a model with a cache runs its layers as a Python loop over unstacked
+parameters, see `Transformer`; slicing a stacked cache inside a decode loop would copy it on
+every step):
 
-  {'k': [L, B, K, Dh, S], 'v': [L, B, K, S, Dh]}
+  {'k': [B, K, Dh, S], 'v': [B, K, S, Dh]}
 
 Heads come before slots, so attention reads each (row, kv head) block contiguously with no
 transpose per step. Keys are stored slot-minor ([Dh, S]) so that queries times keys is a plain
@@ -11,18 +13,14 @@ transpose per step. Keys are stored slot-minor ([Dh, S]) so that queries times k
 transposed every key block on every decode step, which made the score product 2.6x slower
 than the probability-times-values one.
 
-The model never writes the cache inside its layers: attention reads the earlier slots and
-the new tokens' own keys and values (`attention.cached_attention`), and the new keys and
-values of all layers are written at once after the scan (`write`), one
-`dynamic_update_slice` per array at a slot shared by the whole batch. Inside the sampler's
-decode loop the cache is a loop variable, so that write happens in place. Prompts are
-left-padded to one length, so slot s holds token s of every row, and the per-row validity
+Slots are written (`dynamic_update_slice`) at a position shared by the whole batch: prompts
+are left-padded to one length, so slot s holds token s of every row, and the per-row validity
 of each slot travels separately as `kv_mask_BS`.
 
 Shared prefix (the sampler's decode cache). The G samples of a prompt share its prompt's keys
-and values, so the sampler keeps them once per prompt and adds
+and values, so the sampler keeps them once per prompt and adds, per layer,
 
-  {'prefix_k': [L, P, K, Dh, S0], 'prefix_v': [L, P, K, S0, Dh]}    with B = P * G rows,
+  {'prefix_k': [P, K, Dh, S0], 'prefix_v': [P, K, S0, Dh]}    with B = P * G rows,
 
 where rows [p*G, (p+1)*G) belong to prompt p. Slots [0, S0) are then the prefix and slots
 [S0, S0 + S) the rows' own buffers: `cache_index` and `kv_mask_BS` count the prefix slots, so
@@ -36,51 +34,53 @@ import jax.numpy as jnp
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models.config import ModelConfig
 
-K_AXES = (sh.LAYERS, sh.BATCH, sh.KV_HEADS, sh.HEAD_DIM, sh.CACHE_SEQ)
-V_AXES = (sh.LAYERS, sh.BATCH, sh.KV_HEADS, sh.CACHE_SEQ, sh.HEAD_DIM)
+K_AXES = (sh.BATCH, sh.KV_HEADS, sh.HEAD_DIM, sh.CACHE_SEQ)
+V_AXES = (sh.BATCH, sh.KV_HEADS, sh.CACHE_SEQ, sh.HEAD_DIM)
 
 
-def shapes(cfg: ModelConfig, batch: int, length: int) -> dict[str, tuple[int, ...]]:
-  """Shapes of a cache: keys [L, B, K, Dh, S], values [L, B, K, S, Dh]."""
-  L, K, Dh = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
-  return {"k": (L, batch, K, Dh, length), "v": (L, batch, K, length, Dh)}
+def layer_shape(cfg: ModelConfig, batch: int, length: int) -> tuple[int, ...]:
+  """The shape of one layer's value buffer [B, K, S, Dh] (keys: [B, K, Dh, S])."""
+  return (batch, cfg.num_kv_heads, length, cfg.head_dim)
 
 
-def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> dict[str, jax.Array]:
-  """Zeros for keys and values of every layer (dtype: the compute dtype)."""
+def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> tuple[dict, ...]:
+  """Zeros for keys [B, K, Dh, S] and values [B, K, S, Dh] of each layer (dtype: compute dtype)."""
   dtype = dtype or cfg.jnp_dtype
-  return {name: jnp.zeros(shape, dtype) for name, shape in shapes(cfg, batch, length).items()}
+  k_shape = (batch, cfg.num_kv_heads, cfg.head_dim, length)
+  return tuple({"k": jnp.zeros(k_shape, dtype), "v": jnp.zeros(layer_shape(cfg, batch, length), dtype)}
+               for _ in range(cfg.num_layers))
 
 
-def cache_shardings(cfg: ModelConfig, batch: int, length: int, mesh, rules) -> dict:
+def cache_shardings(cfg: ModelConfig, batch: int, length: int, mesh, rules) -> tuple[dict, ...]:
   """NamedShardings of a cache made by `init_cache` on `mesh`."""
-  shape = shapes(cfg, batch, length)
-  return {"k": sh.named_sharding(K_AXES, shape["k"], mesh, rules),
-          "v": sh.named_sharding(V_AXES, shape["v"], mesh, rules)}
+  k = sh.named_sharding(K_AXES, (batch, cfg.num_kv_heads, cfg.head_dim, length), mesh, rules)
+  v = sh.named_sharding(V_AXES, layer_shape(cfg, batch, length), mesh, rules)
+  return tuple({"k": k, "v": v} for _ in range(cfg.num_layers))
 
 
-def with_shared_prefix(prefix_cache: dict, cache: dict) -> dict:
-  """A decode cache that reads `prefix_cache` (P rows) under `cache` (B = P*G rows)."""
-  return dict(cache, prefix_k=prefix_cache["k"], prefix_v=prefix_cache["v"])
+def with_shared_prefix(prefix_cache: tuple, cache: tuple) -> tuple[dict, ...]:
+  """Per-layer decode caches that read `prefix_cache` (P rows) under `cache` (B = P*G rows)."""
+  return tuple(dict(own, prefix_k=pre["k"], prefix_v=pre["v"])
+               for pre, own in zip(prefix_cache, cache))
 
 
-def own_part(cache: dict) -> dict:
+def own_part(cache: tuple) -> tuple[dict, ...]:
   """The rows' own buffers of a cache, without any shared prefix (what the sampler donates)."""
-  return {"k": cache["k"], "v": cache["v"]}
+  return tuple({"k": layer["k"], "v": layer["v"]} for layer in cache)
 
 
-def _prefix_len(cache: dict) -> int:
-  return cache["prefix_k"].shape[-1] if "prefix_k" in cache else 0
+def _prefix_len(layer: dict) -> int:
+  return layer["prefix_k"].shape[-1] if "prefix_k" in layer else 0
 
 
-def write(cache: dict, k_LBKTd: jax.Array, v_LBKTd: jax.Array, cache_index) -> dict:
-  """Writes every layer's T new keys and values at slots [cache_index, cache_index + T)."""
-  index = cache_index - _prefix_len(cache)  # prefix slots are never written
-  k_LBKdT = k_LBKTd.transpose(0, 1, 2, 4, 3).astype(cache["k"].dtype)
-  return dict(cache,
-              k=jax.lax.dynamic_update_slice(cache["k"], k_LBKdT, (0, 0, 0, 0, index)),
-              v=jax.lax.dynamic_update_slice(cache["v"], v_LBKTd.astype(cache["v"].dtype),
-                                             (0, 0, 0, index, 0)))
+def update(layer: dict, k_BKTd: jax.Array, v_BKTd: jax.Array, cache_index) -> dict:
+  """Writes T new keys and values at slots [cache_index, cache_index + T), in place."""
+  index = cache_index - _prefix_len(layer)  # prefix slots are never written
+  k_BKdT = k_BKTd.transpose(0, 1, 3, 2).astype(layer["k"].dtype)
+  return dict(layer,
+              k=jax.lax.dynamic_update_slice(layer["k"], k_BKdT, (0, 0, 0, index)),
+              v=jax.lax.dynamic_update_slice(layer["v"], v_BKTd.astype(layer["v"].dtype),
+                                             (0, 0, index, 0)))
 
 
 def _by_prompt(x_BKGTz: jax.Array, prompts: int) -> jax.Array:
@@ -99,7 +99,7 @@ def _by_row(x_PKQz: jax.Array, G: int, T: int) -> jax.Array:
 
 
 def scores(layer: dict, q_BKGTd: jax.Array) -> jax.Array:
-  """Float32 q . k [B, K, G, T, S] over all slots (prefix first) of one layer's cache."""
+  """Float32 q . k [B, K, G, T, S] over all slots (prefix first) of a written layer cache."""
   dt = q_BKGTd.dtype
   own_BKGTS = jnp.einsum("BKGTd,BKdS->BKGTS", q_BKGTd, layer["k"].astype(dt),
                          preferred_element_type=jnp.float32)

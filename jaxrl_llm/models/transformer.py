@@ -12,11 +12,17 @@ kernels: q, k and v are one kernel [D, K, G + 2, Dh] (per kv head: its G query h
 its value, so the kv-head axis keeps the tensor sharding), gate and up one kernel [D, 2, F].
 `load` translates from and to the Hugging Face layout.
 
-Attention reads keys from the current tokens (training, prefill: `attention.causal_attention`)
-and, when decoding, also from a KV cache's earlier slots (`attention.cached_attention`; the
-cache layouts, including the sampler's shared prompt prefix, are in `kv_cache`). A query at
-slot i sees key slot j iff j <= i and `kv_mask[b, j]`, so left-padded prompts give the same
-values for their real tokens as unpadded ones.
+Training and scoring scan the layers. With a KV cache (the sampler's prefill and decode
+steps) the layers run as a Python loop over unstacked parameters (`models.unstack_layers`,
+done once per sampling call), each with its own cache buffers, written in place and then
+read where they lie: inside a decode loop, slicing stacked weights or caches would copy them
+on every step (1.4x slower decoding on a CPU, measured).
+
+Attention reads keys from the current tokens (`attention.causal_attention`) or from all the
+written slots of a KV cache (`attention.cache_attention`; the cache layouts, including the
+sampler's shared prompt prefix, are in `kv_cache`). A query at slot i sees key slot j iff
+j <= i and `kv_mask[b, j]`, so left-padded prompts give the same values for their real
+tokens as unpadded ones.
 """
 from __future__ import annotations
 
@@ -127,7 +133,7 @@ class Linear(nn.Module):
 
 
 class Attention(nn.Module):
-  """Grouped-query attention with RoPE and optional q/k norm; returns the new keys/values too."""
+  """Grouped-query attention with RoPE and optional q/k norm (and a KV cache: written, then read)."""
   cfg: ModelConfig
   mesh: Mesh | None = None
   rules: Any = None
@@ -152,15 +158,16 @@ class Attention(nn.Module):
     if layer_cache is None:  # the T tokens see each other only
       out_BTKGd = attention.causal_attention(q_BTKGd, k_BTKd, v_BTKd, kv_mask_BS, impl=cfg.attention,
                                              mesh=self.mesh, rules=self.rules)
-    else:  # ...and the cache's earlier slots
-      out_BTKGd = attention.cached_attention(q_BTKGd, k_BTKd, v_BTKd, layer_cache, kv_mask_BS,
-                                             cache_index)
+    else:  # this step's keys/values at slots [cache_index, cache_index + T), in place, then read
+      layer_cache = kv_cache.update(layer_cache, k_BTKd.transpose(0, 2, 1, 3),
+                                    v_BTKd.transpose(0, 2, 1, 3), cache_index)
+      out_BTKGd = attention.cache_attention(q_BTKGd, layer_cache, kv_mask_BS, cache_index)
     out_BTHd = sh.constrain(out_BTKGd.reshape(B, T, H, Dh), (sh.BATCH, sh.SEQ, sh.HEADS, sh.HEAD_DIM),
                             self.mesh, self.rules)
     o_bias = (sh.EMBED,) if cfg.o_bias else None
     out_BTD = Linear("BTHd,HdD->BTD", (H, Dh, D), (sh.HEADS, sh.HEAD_DIM, sh.EMBED), o_bias, dt, pdt,
                      name="o_proj")(out_BTHd)
-    return out_BTD, (k_BTKd.transpose(0, 2, 1, 3), v_BTKd.transpose(0, 2, 1, 3))
+    return out_BTD, layer_cache
 
 
 class Mlp(nn.Module):
@@ -184,8 +191,8 @@ class Mlp(nn.Module):
 class Block(nn.Module):
   """One pre-norm residual layer: x + attn(norm(x)), then + mlp(norm(x)).
 
-  Scanned by `Transformer`: (x_BTD, layer_cache, rope, kv_mask_BS, cache_index) ->
-  (x_BTD, this layer's new keys [B, K, T, Dh] and values [B, K, T, Dh]).
+  (x_BTD, layer_cache or None, rope, kv_mask_BS, cache_index) -> (x_BTD, the written
+  layer_cache or None); scanned by `Transformer` when there is no cache.
   """
   cfg: ModelConfig
   mesh: Mesh | None = None
@@ -195,12 +202,12 @@ class Block(nn.Module):
   def __call__(self, x_BTD, layer_cache, rope, kv_mask_BS, cache_index):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
-    attn_BTD, new_kv = Attention(cfg, self.mesh, self.rules, name="attn")(
+    attn_BTD, layer_cache = Attention(cfg, self.mesh, self.rules, name="attn")(
         norm("input_norm")(x_BTD), rope, kv_mask_BS, layer_cache, cache_index)
     x_BTD = x_BTD + attn_BTD
     x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm("post_attention_norm")(x_BTD))
     x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
-    return x_BTD, new_kv
+    return x_BTD, layer_cache
 
 
 def scanned_layers(cfg: ModelConfig) -> type[nn.Module]:
@@ -209,7 +216,8 @@ def scanned_layers(cfg: ModelConfig) -> type[nn.Module]:
   if cfg.remat != "none":
     block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
   return nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                 in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                 length=cfg.num_layers,
                  metadata_params={nn.PARTITION_NAME: sh.LAYERS})
 
 
@@ -217,9 +225,9 @@ class Transformer(nn.Module):
   """Decoder-only transformer; `head` 'lm' gives logits [B, T, V], 'value' values [B, T].
 
   Call: (tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0, return_hidden=False)
-  -> (logits or values or final hidden states, new cache or None). With a cache, the T tokens
-  go to slots [cache_index, cache_index + T) and `kv_mask_BS` covers all of its slots; a
-  `cache_index` of the Python int 0 (prefill) reads nothing from the cache.
+  -> (logits or values or final hidden states, new cache or None). With a cache (a tuple of
+  one dict per layer, `kv_cache`), the T tokens go to slots [cache_index, cache_index + T) and
+  `kv_mask_BS` covers all of its slots (including theirs).
   """
   cfg: ModelConfig
   mesh: Mesh | None = None
@@ -243,13 +251,21 @@ class Transformer(nn.Module):
     x_BTD = jnp.take(self.embed, tokens_BT, axis=0).astype(self.cfg.jnp_dtype)
     x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
     rope = rope_tables(positions_BT, rope_inv_freq(self.cfg))  # shared by all layers
-    prefill = isinstance(cache_index, int) and cache_index == 0
-    if cache is None or prefill:  # nothing earlier to read: the tokens' own slots only
-      read, kv_mask = None, kv_mask_BS[:, :T]
-    else:
-      read, kv_mask = cache, kv_mask_BS
-    x_BTD, (k_LBKTd, v_LBKTd) = self.layers(x_BTD, read, rope, kv_mask, jnp.asarray(cache_index))
-    new_cache = None if cache is None else kv_cache.write(cache, k_LBKTd, v_LBKTd, cache_index)
+    layers = self.variables.get("params", {}).get("layers")  # absent while initialising
+    if cache is None and not isinstance(layers, tuple):  # training, scoring: scan the layers
+      x_BTD, _ = self.layers(x_BTD, None, rope, kv_mask_BS, 0)
+      new_cache = None
+    else:  # prefill, decode: a loop over unstacked layers, each with its own cache
+      if not isinstance(layers, tuple):  # stacked: slice here (the sampler unstacks once)
+        layers = tuple(jax.tree.map(lambda w, i=i: w[i], layers)
+                       for i in range(self.cfg.num_layers))
+      new_cache = []
+      for i, layer_params in enumerate(layers):
+        x_BTD, layer_cache = Block(self.cfg, self.mesh, self.rules, parent=None).apply(
+            {"params": layer_params}, x_BTD, None if cache is None else cache[i], rope,
+            kv_mask_BS, cache_index)
+        new_cache.append(layer_cache)
+      new_cache = None if cache is None else tuple(new_cache)
     x_BTD = self.final_norm(x_BTD)
     if return_hidden:
       return x_BTD, new_cache

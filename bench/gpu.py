@@ -1,0 +1,194 @@
+"""The accelerator benchmark in one command: sampler vs transformers `generate`, and the RL step.
+
+Run from the checkout on the device machine (a lent GPU; see DEVELOPERS.md), with the wheels
+of ml_collections and tensorboardX in an ignored `.whl/` folder beside it:
+
+  python3 bench/gpu.py               # the Qwen3-0.6B shape, bf16
+  TINY=1 python3 bench/gpu.py        # tiny shapes: a dry run on the CPU before spending device time
+
+Phases, each in its own process (torch and jax never share the device), each with a time limit:
+  make_model  a random Qwen3-0.6B-shaped checkpoint (28 layers, hidden 1024, 16 heads, 8 kv
+              heads of 128, vocab 151,936, tied, bf16) and a character tokenizer, by transformers
+  hf          transformers `generate` (sdpa, bf16): 64 prompts of 128 tokens x G 8 x 128 new
+  ours        `sampling.generate` on a one-device mesh, the same workload
+  train       `bench/train_step.py --shape=qwen3_0_6b`: GRPO with a reference, 32 prompts x
+              G 8 x (128 + 128) tokens, micro-batch 64, bf16 compute / float32 parameters:
+              step split, MFU against the data-sheet peak, first step, compiled memory
+  train_big   the policy update of 64 prompts x G 8 x (128 + 256) tokens at micro-batch 128,
+              without remat (out of memory on 2026-11-30): compiled and run once
+Each phase prints a RESULT line; the last lines are a summary. Results go to $OUT (default
+/tmp/gpu_out) as logs and JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TINY = os.environ.get("TINY") == "1"
+P, G = (4, 2) if TINY else (64, 8)
+PROMPT_LEN = 16 if TINY else 128
+NEW = 8 if TINY else 128
+REPS = 2 if TINY else 3
+ARCH = dict(vocab_size=600, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16) if TINY else dict(
+            vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=128)
+LIMITS = dict(make_model=120, hf=150, ours=150, train=240, train_big=150)
+
+
+def prompts():
+  import numpy as np
+  rng = np.random.RandomState(0)
+  return [[int(t) for t in rng.randint(10, 500, PROMPT_LEN)] for _ in range(P)]
+
+
+def emit(name, **kv):
+  print("RESULT", json.dumps({"phase": name, **kv}), flush=True)
+
+
+def make_model(path):
+  import torch
+  import transformers
+  from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+  cfg = transformers.Qwen3Config(**ARCH, tie_word_embeddings=True, rope_theta=1e6,
+                                 rms_norm_eps=1e-6, max_position_embeddings=4096,
+                                 bos_token_id=1, eos_token_id=2, pad_token_id=0)
+  torch.manual_seed(0)
+  dev = "cuda" if torch.cuda.is_available() else "cpu"
+  with torch.device(dev):
+    model = transformers.Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+  model.save_pretrained(path)
+  specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+  toks = specials + [chr(c) for c in range(32, 127)]
+  tok = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(toks)}, unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+  tok.decoder = decoders.Fuse()
+  transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
+                                       eos_token="<eos>", unk_token="<unk>").save_pretrained(path)
+  emit("make_model", params=sum(p.numel() for p in model.parameters()), device=dev)
+
+
+def hf(path):
+  import torch
+  import transformers
+  dev = "cuda" if torch.cuda.is_available() else "cpu"
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      path, dtype=torch.bfloat16, attn_implementation="sdpa").to(dev).eval()
+  ids = torch.tensor([p for p in prompts() for _ in range(G)], device=dev)
+
+  def call(n):
+    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n,
+              min_new_tokens=n, pad_token_id=0, eos_token_id=2, use_cache=True)
+    with torch.inference_mode():
+      if dev == "cuda":
+        torch.cuda.synchronize()
+      t = time.perf_counter()
+      model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
+      if dev == "cuda":
+        torch.cuda.synchronize()
+      return time.perf_counter() - t
+
+  call(4)
+  times = [call(NEW) for _ in range(REPS)]
+  prefill = statistics.median(call(1) for _ in range(2))
+  total = statistics.median(times)
+  emit("hf", rows=P * G, new=NEW, times=times, total_s=total, prefill_s=prefill,
+       tokens_per_s=P * G * NEW / total, decode_tokens_per_s=P * G * NEW / (total - prefill),
+       peak_gib=torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else 0,
+       torch=torch.__version__, transformers=transformers.__version__)
+
+
+def ours(path):
+  import jax
+  import numpy as np
+  from jaxrl_llm import models, sampling, sharding
+  t = time.perf_counter()
+  mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  model = models.from_pretrained(path, dtype="bfloat16", mesh=mesh)
+  load_s = time.perf_counter() - t
+  ps = prompts()
+
+  def call(n, seed):
+    t = time.perf_counter()
+    out = sampling.generate(model, ps, num_samples=G, max_new_tokens=n, temperature=1.0,
+                            eos_ids=(), seed=seed)
+    jax.block_until_ready(out)
+    return time.perf_counter() - t, out
+
+  first, out = call(NEW, 0)
+  times = [call(NEW, s)[0] for s in range(1, REPS + 1)]
+  call(1, 0)
+  prefill = statistics.median(call(1, s)[0] for s in range(1, 3))
+  total = statistics.median(times)
+  stats = jax.devices()[0].memory_stats() or {}
+  emit("ours", rows=P * G, new=NEW, load_s=load_s, first_call_s=first, times=times,
+       total_s=total, prefill_s=prefill, tokens_per_s=P * G * NEW / total,
+       decode_tokens_per_s=P * G * NEW / (total - prefill),
+       min_len=int(np.asarray(out.lengths).min()),
+       peak_gib=stats.get("peak_bytes_in_use", 0) / 2**30, jax=jax.__version__,
+       device=str(jax.devices()[0]))
+
+
+def _run(phase, args, out_dir, env):
+  log = os.path.join(out_dir, f"{phase}.log")
+  t = time.perf_counter()
+  try:
+    with open(log, "w") as f:
+      rc = subprocess.run(args, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                          timeout=LIMITS[phase]).returncode
+  except subprocess.TimeoutExpired:
+    rc = "timeout"
+  results = [json.loads(line.split(" ", 1)[1]) for line in open(log) if line.startswith("RESULT ")]
+  print(f"== {phase}: rc {rc}, {time.perf_counter() - t:.0f} s", flush=True)
+  if rc != 0:
+    print("".join(open(log).readlines()[-15:]))
+  return results[-1] if results else None
+
+
+def main():
+  out_dir = os.environ.get("OUT", "/tmp/gpu_out")
+  os.makedirs(out_dir, exist_ok=True)
+  env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+             XLA_PYTHON_CLIENT_MEM_FRACTION="0.9")
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+  model_dir = os.path.join(out_dir, "model") if TINY else "/tmp/q3"
+  me = [sys.executable, os.path.abspath(__file__)]
+  step = [sys.executable, os.path.join(HERE, "train_step.py"),
+          f"--shape={'tiny' if TINY else 'qwen3_0_6b'}", "--warmup=1", "--steps=3"]
+  results = {
+      "make_model": _run("make_model", me + ["make_model", model_dir], out_dir, env),
+      "hf": _run("hf", me + ["hf", model_dir], out_dir, env),
+      "ours": _run("ours", me + ["ours", model_dir], out_dir, env),
+      "train": _run("train", step, out_dir, env),
+      "train_big": _run("train_big", step + ["--memory_only", "--run_update", "--micro_batch=128",
+                                             "--prompts=64", "--new_tokens=256"], out_dir, env),
+  }
+  with open(os.path.join(out_dir, "results.json"), "w") as f:
+    json.dump(results, f, indent=1)
+  o, h, t = results["ours"], results["hf"], results["train"]
+  if o and h:
+    print(f"sampler: ours {o['tokens_per_s']:.0f} tokens/s ({o['total_s']:.3f} s/call, first "
+          f"{o['first_call_s']:.1f} s, peak {o['peak_gib']:.1f} GiB) vs generate "
+          f"{h['tokens_per_s']:.0f} -> {o['tokens_per_s'] / h['tokens_per_s']:.2f}x")
+  if t:
+    print(f"train step {t['step_s']:.3f} s (sample {t['sample_s']:.3f}, log-probs "
+          f"{t['logprob_s']:.3f}, update {t['update_s']:.3f}); MFU {100 * t['mfu']:.1f}%, update "
+          f"MFU {100 * t['update_mfu']:.1f}%; first step {t['first_step_s']:.1f} s")
+  big = results["train_big"]
+  if big:
+    p = big["policy_step"]
+    print(f"micro-batch {p['micro_batch']} x {p['tokens_per_row']} tokens, no remat: policy "
+          f"update needs {p['temp_bytes'] / 2**30:.1f} GiB of temporaries, ran: {p['run_s']}")
+
+
+if __name__ == "__main__":
+  if len(sys.argv) > 1:
+    {"make_model": make_model, "hf": hf, "ours": ours}[sys.argv[1]](sys.argv[2])
+  else:
+    main()
