@@ -2,7 +2,7 @@
 
   .venv/bin/python bench/train_step.py                      # tiny-grpo-cpu, 2 warm-up + 8 steps
   XLA_FLAGS=--xla_force_host_platform_device_count=2 .venv/bin/python bench/train_step.py
-  .venv/bin/python bench/train_step.py --layers 28          # the same model 28 layers deep
+  .venv/bin/python bench/train_step.py --shape=narrow --layers=28   # depth: compile time
   .venv/bin/python bench/train_step.py --config=configs/gspo.py:runlocal --config.train.steps=6
   .venv/bin/python bench/train_step.py --shape=qwen3_0_6b --memory_only   # compile only
 
@@ -10,7 +10,9 @@ The default workload is tiny-grpo-cpu, the one `../shared/bench/run_peers.sh` ru
 tunix and this project: a random 4-layer Llama (vocab 512, hidden 256, MLP 768, 4 heads,
 2 kv heads of 64), float32, 8 prompts of 32 characters x G 8, 64 new tokens at temperature 1,
 reward = fraction of 'a' characters, GRPO with a k3 KL of 0.04 to a frozen reference, one
-update per step over all 64 rows. `--shape=qwen3_0_6b` swaps in the Qwen3-0.6B shape of the
+update per step over all 64 rows. `--shape=narrow` shrinks the model to hidden 64, MLP 128,
+4 heads of 16 (compilation then dominates the first step: the depth check).
+`--shape=qwen3_0_6b` swaps in the Qwen3-0.6B shape of the
 GPU runs (28 layers, hidden 1024, vocab 151,936, tied, bf16 compute / float32 parameters) with
 32 prompts of 128 tokens x G 8 x 128 new tokens, micro-batch 64.
 
@@ -38,7 +40,8 @@ from ml_collections import config_flags  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (default: tiny-grpo-cpu)",
                                           lock_config=False)
 _LAYERS = flags.DEFINE_integer("layers", 0, "override the model's depth (0: keep)")
-_SHAPE = flags.DEFINE_enum("shape", "tiny", ["tiny", "qwen3_0_6b"], "the default workload's model")
+_SHAPE = flags.DEFINE_enum("shape", "tiny", ["tiny", "narrow", "qwen3_0_6b"],
+                           "the default workload's model")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "steps left out of the medians (the first compiles)")
 _STEPS = flags.DEFINE_integer("steps", 8, "measured steps")
 _MEMORY_ONLY = flags.DEFINE_bool("memory_only", False, "compile the policy update and report its "
@@ -63,9 +66,11 @@ def workload(tmp: str, shape: str):
   from configs import grpo
   c = grpo.get_config()
   a = c.model.arch
-  if shape == "tiny":
+  if shape in ("tiny", "narrow"):
     a.vocab_size, a.hidden_size, a.intermediate_size, a.num_layers = 512, 256, 768, 4
     a.num_heads, a.num_kv_heads, a.head_dim, a.tie_word_embeddings = 4, 2, 64, False
+    if shape == "narrow":
+      a.hidden_size, a.intermediate_size, a.head_dim = 64, 128, 16
     P, prompt_len, G, N, micro = 8, 32, 8, 64, 64
   else:
     a.model_type, a.vocab_size, a.hidden_size, a.intermediate_size = "qwen3", 151936, 1024, 3072
@@ -189,7 +194,9 @@ def main(argv):
     phases = ("step", "sample", "logprob", "update")
     result.update({f"{p}_s": med(f"{p}_time_s") for p in phases})
     result.update(mfu=med("mfu"), update_mfu=med("update_mfu"))
-    result.update(first_step_s=rows[0]["step_time_s"], step_min_s=min(r["step_time_s"] for r in measured),
+    result.update(first_step_s=rows[0]["step_time_s"],
+                  compile_s=rows[0]["step_time_s"] - med("step_time_s"),
+                  step_min_s=min(r["step_time_s"] for r in measured),
                   step_max_s=max(r["step_time_s"] for r in measured),
                   peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   mean_length=statistics.mean(r["response_length_mean"] for r in measured))
@@ -214,7 +221,8 @@ def _print(r: dict) -> None:
   if "step_s" in r:
     print(f"step {r['step_s']:.3f} s (min {r['step_min_s']:.3f}, max {r['step_max_s']:.3f}): "
           f"sample {r['sample_s']:.3f} s, log-probs {r['logprob_s']:.3f} s, "
-          f"update {r['update_s']:.3f} s; first step {r['first_step_s']:.2f} s")
+          f"update {r['update_s']:.3f} s; first step {r['first_step_s']:.2f} s (compilation "
+          f"{r['compile_s']:.2f} s: first step - median)")
     print(f"{r['step_gflop']:.1f} GFLOP per step -> {r['gflops']:.1f} GFLOP/s = "
           f"{100 * r['utilisation']:.1f}% of a {r['matmul_gflops']:.1f} GFLOP/s float32 2048^3 "
           f"matmul (sample {r['sample_gflops']:.0f}, log-probs {r['logprob_gflops']:.0f}, "

@@ -4,6 +4,7 @@ import math
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
+import jax.extend.core as jax_core  # jax.core.jaxprs_in_params is gone in jax 0.11
 import jax.numpy as jnp
 import numpy as np
 
@@ -91,7 +92,7 @@ class ChunkedTest(parameterized.TestCase):
             shape = getattr(var.aval, "shape", ())
             if shape and shape[-1] == Vn:
               sizes.append(math.prod(shape))
-          for sub in jax.core.jaxprs_in_params(eqn.params):
+          for sub in jax_core.jaxprs_in_params(eqn.params):
             visit(sub)
 
       visit(jaxpr.jaxpr)
