@@ -216,6 +216,40 @@ class ShardedSamplingTest(absltest.TestCase):
     self.assertEqual(len(b.tokens.sharding.device_set), 8)
 
 
+class LayerLoopTest(parameterized.TestCase):
+  """Scanned and unrolled layers sample the same completions (sampling.SamplingSettings)."""
+
+  @parameterized.parameters((None,), (dict(data=2, fsdp=2, tensor=2),))
+  def test_scan_and_unrolled_sample_the_same(self, mesh_shape):
+    hf = hf_testing.make_hf_model("qwen3", vocab_size=128, hidden_size=64, intermediate_size=96)
+    path = hf_testing.save_hf_model(hf, tempfile.mkdtemp())
+    model = models.from_pretrained(path, mesh=mesh_shape and sh.make_mesh(mesh_shape))
+    prompts = _prompts(9, (6, 11, 2, 9))
+    kw = dict(num_samples=2, max_new_tokens=12, temperature=1.0, eos_ids=(EOS,), seed=3)
+    scan = sampling.generate(model, prompts, layer_loop="scan", **kw)
+    unrolled = sampling.generate(model, prompts, layer_loop="unrolled", **kw)
+    np.testing.assert_array_equal(np.asarray(scan.tokens), np.asarray(unrolled.tokens))
+    np.testing.assert_allclose(np.asarray(scan.logprobs), np.asarray(unrolled.logprobs), atol=2e-5)
+    # ...and both are the model's own log-probs of what they sampled.
+    for i in range(len(prompts) * 2):
+      n = int(scan.lengths[i])
+      want, _ = _completion_logp(model, prompts[i // 2], np.asarray(scan.tokens[i, :n]))
+      np.testing.assert_allclose(np.asarray(scan.logprobs[i, :n]), want, atol=2e-5)
+
+  def test_auto_unrolls_shallow_models_on_cpu(self):
+    cfg = models.ModelConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_layers=2,
+                             num_heads=2, num_kv_heads=1, head_dim=4)
+    unrolls = lambda layers, loop="auto": sampling.unrolls_layers(
+        sampling.SamplingSettings(1, 1, layer_loop=loop),
+        models.Model(None, cfg.replace(num_layers=layers)))
+    self.assertTrue(unrolls(sampling.UNROLL_MAX_LAYERS))
+    self.assertFalse(unrolls(sampling.UNROLL_MAX_LAYERS + 1))  # compile time stays flat
+    self.assertTrue(unrolls(28, "unrolled"))
+    self.assertFalse(unrolls(2, "scan"))
+    with self.assertRaisesRegex(ValueError, "layer_loop='both'"):
+      sampling.SamplingSettings(1, 1, layer_loop="both")
+
+
 class BadInputTest(absltest.TestCase):
 
   def test_errors(self):

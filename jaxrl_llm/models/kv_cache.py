@@ -1,11 +1,15 @@
 """The KV cache: keys and values of every layer, preallocated to a fixed length S.
 
-A cache is a tuple with one dict per layer, so each layer's buffers are updated in place and
-read where they lie (a model with a cache runs its layers as a Python loop over unstacked
-parameters, see `Transformer`; slicing a stacked cache inside a decode loop would copy it on
-every step):
+Two layouts of the same buffers, one per way of running the layers (`Transformer`):
 
-  {'k': [B, K, Dh, S], 'v': [B, K, S, Dh]}
+  stacked (scanned layers):    {'k': [L, B, K, Dh, S], 'v': [L, B, K, S, Dh]}
+  per layer (unrolled layers): a tuple of L dicts {'k': [B, K, Dh, S], 'v': [B, K, S, Dh]}
+
+With stacked layers the scan reads layer i's slice, writes this step's keys and values into
+it, attends over it, and hands the new keys and values out; they are written into the stacked
+buffers after the scan (`write`), in place. With unrolled layers each layer's buffers are
+arrays of their own: written in place (`write`) and read where they lie, which on a CPU saves
+the per-layer copies a slice of a stacked buffer costs inside a decode loop.
 
 Heads come before slots, so attention reads each (row, kv head) block contiguously with no
 transpose per step. Keys are stored slot-minor ([Dh, S]) so that queries times keys is a plain
@@ -20,13 +24,13 @@ of each slot travels separately as `kv_mask_BS`.
 Shared prefix (the sampler's decode cache). The G samples of a prompt share its prompt's keys
 and values, so the sampler keeps them once per prompt and adds, per layer,
 
-  {'prefix_k': [P, K, Dh, S0], 'prefix_v': [P, K, S0, Dh]}    with B = P * G rows,
+  {'prefix_k': [P, K, Dh, S0], 'prefix_v': [P, K, S0, Dh]}    with B = P * G rows
 
-where rows [p*G, (p+1)*G) belong to prompt p. Slots [0, S0) are then the prefix and slots
-[S0, S0 + S) the rows' own buffers: `cache_index` and `kv_mask_BS` count the prefix slots, so
-a model call sees the same S0 + S slots as with one unshared buffer. Reading the prefix once
-per prompt instead of once per row divides its memory traffic by G, and the queries of the G
-rows of a prompt become one larger matmul against it.
+(with a leading L in the stacked layout), where rows [p*G, (p+1)*G) belong to prompt p. Slots
+[0, S0) are then the prefix and slots [S0, S0 + S) the rows' own buffers: `cache_index` and
+`kv_mask_BS` count the prefix slots, so a model call sees the same S0 + S slots as with one
+unshared buffer. Reading the prefix once per prompt instead of once per row divides its memory
+traffic by G, and the queries of the G rows of a prompt become one larger matmul against it.
 """
 import jax
 import jax.numpy as jnp
@@ -34,53 +38,71 @@ import jax.numpy as jnp
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models.config import ModelConfig
 
-K_AXES = (sh.BATCH, sh.KV_HEADS, sh.HEAD_DIM, sh.CACHE_SEQ)
-V_AXES = (sh.BATCH, sh.KV_HEADS, sh.CACHE_SEQ, sh.HEAD_DIM)
+K_AXES = (sh.LAYERS, sh.BATCH, sh.KV_HEADS, sh.HEAD_DIM, sh.CACHE_SEQ)
+V_AXES = (sh.LAYERS, sh.BATCH, sh.KV_HEADS, sh.CACHE_SEQ, sh.HEAD_DIM)
 
 
-def layer_shape(cfg: ModelConfig, batch: int, length: int) -> tuple[int, ...]:
-  """The shape of one layer's value buffer [B, K, S, Dh] (keys: [B, K, Dh, S])."""
-  return (batch, cfg.num_kv_heads, length, cfg.head_dim)
+def shapes(cfg: ModelConfig, batch: int, length: int) -> dict[str, tuple[int, ...]]:
+  """Shapes of a stacked cache: keys [L, B, K, Dh, S], values [L, B, K, S, Dh]."""
+  L, K, Dh = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+  return {"k": (L, batch, K, Dh, length), "v": (L, batch, K, length, Dh)}
 
 
-def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> tuple[dict, ...]:
-  """Zeros for keys [B, K, Dh, S] and values [B, K, S, Dh] of each layer (dtype: compute dtype)."""
+def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> dict[str, jax.Array]:
+  """Zeros for keys and values of every layer, stacked (dtype: the compute dtype)."""
   dtype = dtype or cfg.jnp_dtype
-  k_shape = (batch, cfg.num_kv_heads, cfg.head_dim, length)
-  return tuple({"k": jnp.zeros(k_shape, dtype), "v": jnp.zeros(layer_shape(cfg, batch, length), dtype)}
-               for _ in range(cfg.num_layers))
+  return {name: jnp.zeros(shape, dtype) for name, shape in shapes(cfg, batch, length).items()}
 
 
-def cache_shardings(cfg: ModelConfig, batch: int, length: int, mesh, rules) -> tuple[dict, ...]:
-  """NamedShardings of a cache made by `init_cache` on `mesh`."""
-  k = sh.named_sharding(K_AXES, (batch, cfg.num_kv_heads, cfg.head_dim, length), mesh, rules)
-  v = sh.named_sharding(V_AXES, layer_shape(cfg, batch, length), mesh, rules)
-  return tuple({"k": k, "v": v} for _ in range(cfg.num_layers))
+def cache_shardings(cfg: ModelConfig, batch: int, length: int, mesh, rules) -> dict:
+  """NamedShardings of a stacked cache made by `init_cache` on `mesh`."""
+  shape = shapes(cfg, batch, length)
+  return {"k": sh.named_sharding(K_AXES, shape["k"], mesh, rules),
+          "v": sh.named_sharding(V_AXES, shape["v"], mesh, rules)}
 
 
-def with_shared_prefix(prefix_cache: tuple, cache: tuple) -> tuple[dict, ...]:
-  """Per-layer decode caches that read `prefix_cache` (P rows) under `cache` (B = P*G rows)."""
-  return tuple(dict(own, prefix_k=pre["k"], prefix_v=pre["v"])
-               for pre, own in zip(prefix_cache, cache))
+def per_layer(cache: dict) -> tuple[dict, ...]:
+  """A stacked cache as one dict of buffers per layer."""
+  return tuple({name: x[i] for name, x in cache.items()} for i in range(cache["k"].shape[0]))
 
 
-def own_part(cache: tuple) -> tuple[dict, ...]:
+def per_layer_shardings(stacked: dict, num_layers: int) -> tuple[dict, ...]:
+  """The shardings of `per_layer(cache)` from those of the stacked cache."""
+  drop = lambda s: jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(*s.spec[1:]))
+  return tuple({name: drop(s) for name, s in stacked.items()} for _ in range(num_layers))
+
+
+def with_shared_prefix(prefix_cache, cache):
+  """A decode cache that reads `prefix_cache` (P rows) under `cache` (B = P*G rows)."""
+  if isinstance(cache, tuple):
+    return tuple(with_shared_prefix(pre, own) for pre, own in zip(prefix_cache, cache))
+  return dict(cache, prefix_k=prefix_cache["k"], prefix_v=prefix_cache["v"])
+
+
+def own_part(cache):
   """The rows' own buffers of a cache, without any shared prefix (what the sampler donates)."""
-  return tuple({"k": layer["k"], "v": layer["v"]} for layer in cache)
+  if isinstance(cache, tuple):
+    return tuple(own_part(layer) for layer in cache)
+  return {"k": cache["k"], "v": cache["v"]}
 
 
-def _prefix_len(layer: dict) -> int:
-  return layer["prefix_k"].shape[-1] if "prefix_k" in layer else 0
+def _prefix_len(cache: dict) -> int:
+  return cache["prefix_k"].shape[-1] if "prefix_k" in cache else 0
 
 
-def update(layer: dict, k_BKTd: jax.Array, v_BKTd: jax.Array, cache_index) -> dict:
-  """Writes T new keys and values at slots [cache_index, cache_index + T), in place."""
-  index = cache_index - _prefix_len(layer)  # prefix slots are never written
-  k_BKdT = k_BKTd.transpose(0, 1, 3, 2).astype(layer["k"].dtype)
-  return dict(layer,
-              k=jax.lax.dynamic_update_slice(layer["k"], k_BKdT, (0, 0, 0, index)),
-              v=jax.lax.dynamic_update_slice(layer["v"], v_BKTd.astype(layer["v"].dtype),
-                                             (0, 0, index, 0)))
+def write(cache: dict, k_new: jax.Array, v_new: jax.Array, cache_index) -> dict:
+  """Writes T new keys and values [..., B, K, T, Dh] at slots [cache_index, cache_index + T).
+
+  The leading dims are the cache's: [L] for a stacked cache (all layers at once, after the
+  scan), none for one layer's buffers.
+  """
+  index = cache_index - _prefix_len(cache)  # prefix slots are never written
+  lead = (0,) * (k_new.ndim - 2)
+  k_new = jnp.swapaxes(k_new, -1, -2).astype(cache["k"].dtype)  # keys are stored [Dh, S]
+  return dict(cache, k=jax.lax.dynamic_update_slice(cache["k"], k_new, lead + (0, index)),
+              v=jax.lax.dynamic_update_slice(cache["v"], v_new.astype(cache["v"].dtype),
+                                             lead + (index, 0)))
+
 
 
 def _by_prompt(x_BKGTz: jax.Array, prompts: int) -> jax.Array:
@@ -99,7 +121,7 @@ def _by_row(x_PKQz: jax.Array, G: int, T: int) -> jax.Array:
 
 
 def scores(layer: dict, q_BKGTd: jax.Array) -> jax.Array:
-  """Float32 q . k [B, K, G, T, S] over all slots (prefix first) of a written layer cache."""
+  """Float32 q . k [B, K, G, T, S] over all slots (prefix first) of one layer's cache."""
   dt = q_BKGTd.dtype
   own_BKGTS = jnp.einsum("BKGTd,BKdS->BKGTS", q_BKGTd, layer["k"].astype(dt),
                          preferred_element_type=jnp.float32)

@@ -12,11 +12,10 @@ kernels: q, k and v are one kernel [D, K, G + 2, Dh] (per kv head: its G query h
 its value, so the kv-head axis keeps the tensor sharding), gate and up one kernel [D, 2, F].
 `load` translates from and to the Hugging Face layout.
 
-Training and scoring scan the layers. With a KV cache (the sampler's prefill and decode
-steps) the layers run as a Python loop over unstacked parameters (`models.unstack_layers`,
-done once per sampling call), each with its own cache buffers, written in place and then
-read where they lie: inside a decode loop, slicing stacked weights or caches would copy them
-on every step (1.4x slower decoding on a CPU, measured).
+The layers of a model whose parameters are unstacked (`models.unstack_layers`, a tuple of
+per-layer trees) run as a Python loop instead, each with its own KV-cache buffers: the
+sampler's choice on a CPU for shallow models, where slicing stacked weights and caches
+inside its decode loop would copy them on every step (see `sampling.SamplingSettings`).
 
 Attention reads keys from the current tokens (`attention.causal_attention`) or from all the
 written slots of a KV cache (`attention.cache_attention`; the cache layouts, including the
@@ -159,15 +158,15 @@ class Attention(nn.Module):
       out_BTKGd = attention.causal_attention(q_BTKGd, k_BTKd, v_BTKd, kv_mask_BS, impl=cfg.attention,
                                              mesh=self.mesh, rules=self.rules)
     else:  # this step's keys/values at slots [cache_index, cache_index + T), in place, then read
-      layer_cache = kv_cache.update(layer_cache, k_BTKd.transpose(0, 2, 1, 3),
-                                    v_BTKd.transpose(0, 2, 1, 3), cache_index)
+      layer_cache = kv_cache.write(layer_cache, k_BTKd.transpose(0, 2, 1, 3),
+                                   v_BTKd.transpose(0, 2, 1, 3), cache_index)
       out_BTKGd = attention.cache_attention(q_BTKGd, layer_cache, kv_mask_BS, cache_index)
     out_BTHd = sh.constrain(out_BTKGd.reshape(B, T, H, Dh), (sh.BATCH, sh.SEQ, sh.HEADS, sh.HEAD_DIM),
                             self.mesh, self.rules)
     o_bias = (sh.EMBED,) if cfg.o_bias else None
     out_BTD = Linear("BTHd,HdD->BTD", (H, Dh, D), (sh.HEADS, sh.HEAD_DIM, sh.EMBED), o_bias, dt, pdt,
                      name="o_proj")(out_BTHd)
-    return out_BTD, layer_cache
+    return out_BTD, layer_cache, (k_BTKd.transpose(0, 2, 1, 3), v_BTKd.transpose(0, 2, 1, 3))
 
 
 class Mlp(nn.Module):
@@ -191,23 +190,27 @@ class Mlp(nn.Module):
 class Block(nn.Module):
   """One pre-norm residual layer: x + attn(norm(x)), then + mlp(norm(x)).
 
-  (x_BTD, layer_cache or None, rope, kv_mask_BS, cache_index) -> (x_BTD, the written
-  layer_cache or None); scanned by `Transformer` when there is no cache.
+  (x_BTD, layer_cache or None, rope, kv_mask_BS, cache_index) -> (x_BTD, out) where `out` is
+  the written layer cache, or with `returns_kv` (scanned: the stacked cache is written after
+  the scan) this step's keys and values [B, K, T, Dh]; None without a cache.
   """
   cfg: ModelConfig
   mesh: Mesh | None = None
   rules: Any = None
+  returns_kv: bool = False
 
   @nn.compact
   def __call__(self, x_BTD, layer_cache, rope, kv_mask_BS, cache_index):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
-    attn_BTD, layer_cache = Attention(cfg, self.mesh, self.rules, name="attn")(
+    attn_BTD, layer_cache, new_kv = Attention(cfg, self.mesh, self.rules, name="attn")(
         norm("input_norm")(x_BTD), rope, kv_mask_BS, layer_cache, cache_index)
     x_BTD = x_BTD + attn_BTD
     x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm("post_attention_norm")(x_BTD))
     x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
-    return x_BTD, layer_cache
+    if layer_cache is None:
+      return x_BTD, None
+    return x_BTD, new_kv if self.returns_kv else layer_cache
 
 
 def scanned_layers(cfg: ModelConfig) -> type[nn.Module]:
@@ -216,8 +219,7 @@ def scanned_layers(cfg: ModelConfig) -> type[nn.Module]:
   if cfg.remat != "none":
     block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
   return nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                 in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
-                 length=cfg.num_layers,
+                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
                  metadata_params={nn.PARTITION_NAME: sh.LAYERS})
 
 
@@ -225,9 +227,9 @@ class Transformer(nn.Module):
   """Decoder-only transformer; `head` 'lm' gives logits [B, T, V], 'value' values [B, T].
 
   Call: (tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0, return_hidden=False)
-  -> (logits or values or final hidden states, new cache or None). With a cache (a tuple of
-  one dict per layer, `kv_cache`), the T tokens go to slots [cache_index, cache_index + T) and
-  `kv_mask_BS` covers all of its slots (including theirs).
+  -> (logits or values or final hidden states, new cache or None). With a cache (`kv_cache`:
+  stacked for stacked parameters, one dict per layer for unstacked ones), the T tokens go to
+  slots [cache_index, cache_index + T) and `kv_mask_BS` covers all of its slots.
   """
   cfg: ModelConfig
   mesh: Mesh | None = None
@@ -237,7 +239,7 @@ class Transformer(nn.Module):
     cfg = self.cfg
     self.embed = self.param("embed", nn.with_logical_partitioning(_init, (sh.VOCAB, sh.EMBED)),
                             (cfg.vocab_size, cfg.hidden_size), cfg.jnp_param_dtype)
-    self.layers = scanned_layers(cfg)(cfg, self.mesh, self.rules)
+    self.layers = scanned_layers(cfg)(cfg, self.mesh, self.rules, returns_kv=True)
     self.final_norm = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype)
     if cfg.head == "value":
       self.value_head = value_head.ValueHead(cfg.jnp_dtype, cfg.jnp_param_dtype)
@@ -252,13 +254,10 @@ class Transformer(nn.Module):
     x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
     rope = rope_tables(positions_BT, rope_inv_freq(self.cfg))  # shared by all layers
     layers = self.variables.get("params", {}).get("layers")  # absent while initialising
-    if cache is None and not isinstance(layers, tuple):  # training, scoring: scan the layers
-      x_BTD, _ = self.layers(x_BTD, None, rope, kv_mask_BS, 0)
-      new_cache = None
-    else:  # prefill, decode: a loop over unstacked layers, each with its own cache
-      if not isinstance(layers, tuple):  # stacked: slice here (the sampler unstacks once)
-        layers = tuple(jax.tree.map(lambda w, i=i: w[i], layers)
-                       for i in range(self.cfg.num_layers))
+    if not isinstance(layers, tuple):  # the scan over stacked layers
+      x_BTD, new_kv = self.layers(x_BTD, cache, rope, kv_mask_BS, jnp.asarray(cache_index))
+      new_cache = None if cache is None else kv_cache.write(cache, *new_kv, cache_index)
+    else:  # unstacked: a loop over layers, each with its own cache buffers
       new_cache = []
       for i, layer_params in enumerate(layers):
         x_BTD, layer_cache = Block(self.cfg, self.mesh, self.rules, parent=None).apply(

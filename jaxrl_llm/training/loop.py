@@ -351,7 +351,8 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
   batches = data.prompt_batches(train_data, P, seed=config.data.shuffle_seed, start=position,
                                 process_index=jax.process_index(),
                                 process_count=jax.process_count())
-  settings = sampling.SamplingSettings(G, N, s.temperature, s.top_k, s.top_p, eos, pad)
+  settings = sampling.SamplingSettings(G, N, s.temperature, s.top_k, s.top_p, eos, pad,
+                                       s.layer_loop)
   sampler = sampling.Sampler(settings, s.prompt_buckets)
   if config.data.completions == "sample":
     rollouts = rollout_lib.SampledRollouts(config, tokenizer, batches, sampler,
@@ -461,7 +462,8 @@ class Evaluator:
     self.config, self.tokenizer = config, tokenizer
     self.dataset = data.load_dataset(config.data, "eval", task_options=config.data.task_options)
     self.reward_set = RewardSet.from_config(config.rewards)
-    settings = sampling.SamplingSettings(1, config.sampling.max_new_tokens, 0.0, 0, 1.0, eos, pad)
+    settings = sampling.SamplingSettings(1, config.sampling.max_new_tokens, 0.0, 0, 1.0, eos, pad,
+                                         config.sampling.layer_loop)
     self.sampler = sampling.Sampler(settings, config.sampling.prompt_buckets)
 
   def __call__(self, policy) -> dict[str, float]:

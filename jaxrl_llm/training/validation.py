@@ -13,7 +13,7 @@ import ml_collections
 from absl import logging
 
 from configs import common as config_schema
-from jaxrl_llm import objectives
+from jaxrl_llm import objectives, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.data import prompts as prompts_lib
@@ -51,6 +51,9 @@ def validate_config(config, devices=None) -> None:
   if mb % min(t.micro_batch_size, mb):
     raise ValueError(f"config.train.micro_batch_size={t.micro_batch_size} does not divide the "
                      f"minibatch of {mb} sequences")
+  if config.sampling.layer_loop not in sampling.LAYER_LOOPS:
+    raise ValueError(f"config.sampling.layer_loop={config.sampling.layer_loop!r}: expected one of "
+                     f"{list(sampling.LAYER_LOOPS)}")
   if config.data.completions not in rollout_lib.COMPLETION_SOURCES:
     raise ValueError(f"config.data.completions={config.data.completions!r}: expected one of "
                      f"{list(rollout_lib.COMPLETION_SOURCES)}")
