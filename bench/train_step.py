@@ -118,9 +118,15 @@ def matmul_rate(dtype: str) -> float:
 
 
 def policy_step_memory(config, run: bool) -> dict:
-  """XLA's memory analysis of the compiled policy update on a batch of the config's shapes."""
+  """XLA's memory analysis of the compiled policy update on a minibatch of the config's shapes.
+
+  The minibatch is abstract (shapes and shardings from `prepare`, which does not run), so a
+  large model's update compiles without scoring a batch first; `run` executes it once on zeros.
+  """
   import jax
+  import jax.numpy as jnp
   import numpy as np
+  from jaxrl_llm import sharding as sh
   from jaxrl_llm.training import loop, rollout as rollout_lib
   m = loop.set_up(config)
   programs = loop.jit_steps(config, m)
@@ -133,9 +139,11 @@ def policy_step_memory(config, run: bool) -> dict:
       logprobs=np.zeros((B, N), np.float32), lengths=np.full(B, N, np.int32),
       truncated=np.zeros(B, bool), rewards=np.arange(B, dtype=np.float32) % 2,
       group_valid=np.ones(P, bool), metrics={}, position=0, prompts=[""] * P, completions=[])
-  batch = programs.prepare(loop.place_batch(loop.batch_arrays(rollout, G, False), m.mesh, m.rules),
-                           m.policy, m.reference, m.value)
-  minibatch = programs.take_rows(batch, np.arange(programs.minibatch_rows))
+  raw = loop.place_batch(loop.batch_arrays(rollout, G, False), m.mesh, m.rules)
+  batch = jax.eval_shape(programs.prepare, raw, m.policy, m.reference, m.value)
+  rows = sh.rows_sharding(programs.minibatch_rows, m.mesh, m.rules)
+  minibatch = {k: jax.ShapeDtypeStruct((programs.minibatch_rows,) + x.shape[1:], x.dtype,
+                                       sharding=rows) for k, x in batch.items()}
   t = time.perf_counter()
   compiled = programs.policy_update.lower(m.state, minibatch).compile()
   compile_s = time.perf_counter() - t
@@ -143,8 +151,9 @@ def policy_step_memory(config, run: bool) -> dict:
   micro = min(config.train.micro_batch_size, programs.minibatch_rows)
   ran = None
   if run:
+    zeros = {k: jax.device_put(jnp.zeros(x.shape, x.dtype), rows) for k, x in minibatch.items()}
     t = time.perf_counter()
-    jax.block_until_ready(compiled(m.state, minibatch))
+    jax.block_until_ready(compiled(m.state, zeros))
     ran = time.perf_counter() - t
   return dict(compile_s=compile_s, run_s=ran, temp_bytes=analysis.temp_size_in_bytes,
               argument_bytes=analysis.argument_size_in_bytes,
