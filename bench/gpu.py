@@ -40,7 +40,7 @@ ARCH = dict(vocab_size=600, hidden_size=64, intermediate_size=128, num_hidden_la
             num_attention_heads=4, num_key_value_heads=2, head_dim=16) if TINY else dict(
             vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
             num_attention_heads=16, num_key_value_heads=8, head_dim=128)
-LIMITS = dict(make_model=120, hf=150, ours=150, train=240, train_big=150)
+LIMITS = dict(make_model=90, hf=120, ours=120, train=240, train_big=150)  # 12 min in all
 
 
 def prompts():

@@ -249,7 +249,6 @@ class Transformer(nn.Module):
 
   def __call__(self, tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0,
                return_hidden=False):
-    T = tokens_BT.shape[1]
     x_BTD = jnp.take(self.embed, tokens_BT, axis=0).astype(self.cfg.jnp_dtype)
     x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
     rope = rope_tables(positions_BT, rope_inv_freq(self.cfg))  # shared by all layers

@@ -198,12 +198,11 @@ def _throughput(model_config, algo, rollout, arrays, *, dt, t_sample, t_logprob,
       new_tokens=N, generated=generated, reference=reference, value=value,
       recompute_old_logp=_recomputes_old_logp(algo, sampled))
   train_tokens = float(distributed.sum_int(int(arrays["loss_mask"].sum())))
-  out = dict(step_time_s=dt, sample_time_s=t_sample, logprob_time_s=t_logprob,
-             update_time_s=t_update, mfu=step["total"] / dt / peak,
-             update_mfu=step["update"] / max(t_update, 1e-9) / peak,
-             train_tokens_per_s=train_tokens * algo.num_iterations / max(t_update, 1e-9),
-             sample_tokens_per_s=lengths / max(t_sample, 1e-9))
-  return out
+  return dict(step_time_s=dt, sample_time_s=t_sample, logprob_time_s=t_logprob,
+              update_time_s=t_update, mfu=step["total"] / dt / peak,
+              update_mfu=step["update"] / max(t_update, 1e-9) / peak,
+              train_tokens_per_s=train_tokens * algo.num_iterations / max(t_update, 1e-9),
+              sample_tokens_per_s=lengths / max(t_sample, 1e-9))
 
 
 def _recomputes_old_logp(algo, sampled: bool) -> bool:
