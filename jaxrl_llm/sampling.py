@@ -145,37 +145,45 @@ def _truncate(scaled_BV: jax.Array, top_k: int, top_p: float) -> jax.Array:
   return scaled_BV
 
 
-def _inverse_cdf_sample(u_B1: jax.Array, logits_BV: jax.Array) -> jax.Array:
-  """One draw per row from softmax(logits) by inverting the CDF at uniforms `u_B1`.
+def gumbel_noise(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """Gumbel(0, 1) noise, float32, from 32 random bits per entry.
 
-  Needs B uniforms instead of the B*V of Gumbel-max (`jax.random.categorical`), which made
-  token choice a tenth of a CPU decode step. The token is the number of CDF values at or
-  below u (integer sums: an argmax is a slow two-operand reduce on CPU). Tokens of
-  probability 0 are never drawn: their CDF interval is empty; if rounding leaves u at the
-  very top, the last token of non-zero probability is taken.
+  g = -log(E) with E = -log1p(-v) exponential and v = (bits + 1/2) / 2^32: small v, the
+  upper tail of g that decides which rare token wins, is exact in float32, so g reaches
+  -log(2^-33) = 22.9 (`jax.random.gumbel`'s 23-bit uniforms stop at 16.6, which cuts off
+  tokens 1e-7 times as likely as the top one).
   """
-  probs_BV = jax.nn.softmax(logits_BV, axis=-1)
-  cdf_BV = jnp.cumsum(probs_BV, axis=-1)
-  target_B1 = u_B1 * cdf_BV[:, -1:]
-  below_B = jnp.sum((cdf_BV <= target_B1).astype(jnp.int32), axis=-1)
-  vocab_V = jnp.arange(probs_BV.shape[-1], dtype=jnp.int32)
-  last_B = jnp.max(jnp.where(probs_BV > 0, vocab_V, 0), axis=-1)
-  return jnp.minimum(below_B, last_B)
+  bits = jax.random.bits(key, shape, jnp.uint32)
+  v = jnp.minimum((bits.astype(jnp.float32) + 0.5) * 2.0 ** -32, 1.0 - 2.0 ** -24)
+  return -jnp.log(-jnp.log1p(-v))
 
 
-def choose_tokens(logits_BV: jax.Array, u_B1: jax.Array, s: SamplingSettings):
+def _argmax_rows(x_BV: jax.Array) -> jax.Array:
+  """argmax over the last axis (first index of the maximum) as two one-operand reductions
+  (an argmax is a two-operand reduce, slow on a CPU)."""
+  vocab_V = jnp.arange(x_BV.shape[-1], dtype=jnp.int32)
+  top_B1 = jnp.max(x_BV, axis=-1, keepdims=True)
+  return jnp.min(jnp.where(x_BV == top_B1, vocab_V, x_BV.shape[-1]), axis=-1)
+
+
+def choose_tokens(logits_BV: jax.Array, key: jax.Array, s: SamplingSettings):
   """Samples one token per row; returns (token int32 [B], behaviour log-prob float32 [B]).
 
-  `u_B1`: one uniform in [0, 1) per row (unused when greedy).
+  Gumbel-max: the token is argmax(logits / T + g) with independent Gumbel noise g per row
+  and token (`gumbel_noise`), an exact draw from softmax(logits / T) after top-k / top-p,
+  at any vocabulary size: no cumulative sum whose float32 rounding (about 1e-5 absolute
+  over 150k tokens) would misplace the tokens near its top. `key`: this step's key (unused
+  when greedy).
   """
   logits_BV = logits_BV.astype(jnp.float32)
   if s.temperature == 0:
-    token_B = jnp.argmax(logits_BV, axis=-1)
+    token_B = _argmax_rows(logits_BV)
     logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
   else:
     scaled_BV = logits_BV / s.temperature
     logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)  # before truncation: see module doc
-    token_B = _inverse_cdf_sample(u_B1, _truncate(scaled_BV, s.top_k, s.top_p))
+    noisy_BV = _truncate(scaled_BV, s.top_k, s.top_p) + gumbel_noise(key, scaled_BV.shape)
+    token_B = _argmax_rows(noisy_BV)
   logp_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
   return token_B.astype(jnp.int32), logp_B
 
@@ -234,10 +242,9 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, key, s: Samp
   kv_mask_BS = jnp.zeros((B, S), jnp.int32).at[:, :S0].set(jnp.repeat(mask_PS, G, axis=0))
   next_position_B = jnp.repeat(positions_PS[:, -1] + 1, G)
 
-  # Every uniform of the call at once: drawing them inside the loop ran two small threefry
-  # loops per step, a sixth of a CPU decode step.
-  u_NB1 = jax.random.uniform(key, (N, B, 1))
-  token_B, logp_B = choose_tokens(jnp.repeat(logits_PV, G, axis=0), u_NB1[0], s)
+  # Column t's noise comes from fold_in(key, t): threefry counts per entry, so XLA fuses the
+  # draw into the token choice, and rows split over devices draw only their own entries.
+  token_B, logp_B = choose_tokens(jnp.repeat(logits_PV, G, axis=0), jax.random.fold_in(key, 0), s)
   st = _LoopState(t=jnp.int32(0), token_B=token_B, done_B=jnp.zeros((B,), bool),
                   tokens_BN=jnp.full((B, N), s.pad_id, jnp.int32),
                   logprobs_BN=jnp.zeros((B, N), jnp.float32), lengths_B=jnp.zeros((B,), jnp.int32),
@@ -253,8 +260,7 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, key, s: Samp
     positions_B1 = (next_position_B + st.t - 1)[:, None]
     logits_B1V, cache = models.forward(model, st.token_B[:, None], positions_B1, kv_mask_BS,
                                        st.cache, slot)
-    u_B1 = jax.lax.dynamic_index_in_dim(u_NB1, st.t, keepdims=False)
-    token_B, logp_B = choose_tokens(logits_B1V[:, 0], u_B1, s)
+    token_B, logp_B = choose_tokens(logits_B1V[:, 0], jax.random.fold_in(key, st.t), s)
     return _record(st.replace(kv_mask_BS=kv_mask_BS, cache=cache), token_B, logp_B, s)
 
   st = jax.lax.while_loop(cond, step, st)

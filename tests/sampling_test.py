@@ -128,15 +128,39 @@ class DistributionTest(parameterized.TestCase):
     self.assertLess(np.mean(sizes), V / 4)  # the kept sets really are small
 
 
-class InverseCdfTest(absltest.TestCase):
+class GumbelMaxTest(absltest.TestCase):
 
-  def test_each_uniform_lands_in_its_token_interval(self):
-    # probabilities 0, .25, 0, .5, .25, 0: CDF 0, .25, .25, .75, 1, 1 (exact in float32)
-    logits = jnp.log(jnp.array([[0.0, 0.25, 0.0, 0.5, 0.25, 0.0]] * 9, jnp.float32))
-    u = jnp.array([0.0, 0.1, 0.2499, 0.25, 0.5, 0.7499, 0.75, 0.9999, 1.0], jnp.float32)[:, None]
-    tokens = sampling._inverse_cdf_sample(u, logits)
-    # u = 1.0 stands for rounding at the very top: the last token of non-zero probability.
-    np.testing.assert_array_equal(tokens, [1, 1, 1, 3, 3, 3, 4, 4, 4])
+  def test_noise_reaches_far_into_the_upper_tail(self):
+    g = np.asarray(sampling.gumbel_noise(jax.random.key(0), (1_000_000,)), np.float64)
+    # Gumbel(0, 1): mean = Euler's gamma, CDF exp(-exp(-x)).
+    self.assertAlmostEqual(g.mean(), 0.5772, delta=0.005)
+    self.assertGreater(scipy.stats.kstest(g, lambda x: np.exp(-np.exp(-x))).pvalue, 1e-3)
+    # The smallest 32-bit draw maps to -log(2^-33) = 22.87, not to 23-bit uniforms' 16.6.
+    np.testing.assert_allclose(-np.log(-np.log1p(-(0.5 * 2.0 ** -32))), 22.87, atol=0.01)
+    self.assertTrue(np.all(np.isfinite(g)))
+
+  def test_rare_tokens_at_the_top_of_a_151936_token_vocabulary(self):
+    """Tokens of probability 1e-8 (at T = 1) at the end of a Qwen-sized vocabulary, raised
+    by temperature 2.5 to a measurable rate: drawn as often as softmax(logits / T) says."""
+    V, rare = 151_936, 100
+    logits = np.full(V, -30.0, np.float32)  # the bulk: 9e-14 each at T = 1
+    logits[0] = 0.0
+    logits[-rare:] = np.log(1e-8)  # the rare tokens: 1e-8 each at T = 1, at the CDF's top
+    settings = sampling.SamplingSettings(1, 1, temperature=2.5)
+    p = np.exp(logits.astype(np.float64) / 2.5)
+    p /= p.sum()
+    draw = jax.jit(lambda key: sampling.choose_tokens(jnp.broadcast_to(logits, (64, V)), key,
+                                                      settings)[0])
+    tokens = np.concatenate([np.asarray(draw(jax.random.key(i))) for i in range(80)])
+    n = len(tokens)
+    for name, members, want in (("token 0", tokens == 0, p[0]),
+                                ("the rare tokens", tokens >= V - rare, p[-rare:].sum()),
+                                ("the bulk", (tokens > 0) & (tokens < V - rare),
+                                 p[1:V - rare].sum())):
+      sigma = np.sqrt(n * want * (1 - want))
+      self.assertLess(abs(members.sum() - n * want), 4.5 * sigma, f"{name}: {members.sum()} "
+                      f"of {n} draws, expected {n * want:.1f}")
+    self.assertGreater(n * p[-rare:].sum(), 100)  # the rare set is measured, not empty
 
 
 class StoppingTest(absltest.TestCase):
