@@ -140,7 +140,9 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
       },
       "num_iterations": 1,  # passes over each rollout batch
       "num_minibatches": 1,  # optimizer steps per pass
-      "old_logp": "sampler",  # sampler | recompute
+      # sampler | recompute | auto: recompute when the model computes in bf16/fp16 and the loss
+      # has an importance ratio (the sampler's decode numerics then differ from the trainer's)
+      "old_logp": "auto",
       "tis_cap": 0.0,  # truncated IS weight cap for sampler/trainer mismatch; 0 = off
       "dynamic_sampling": {"enabled": False, "max_rounds": 3},
       "overlong": {

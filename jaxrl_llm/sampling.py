@@ -276,7 +276,8 @@ class Sampler:
   def __init__(self, settings: SamplingSettings, buckets: Sequence[int] = DEFAULT_BUCKETS):
     self.settings = settings
     self.buckets = tuple(sorted(buckets))
-    self._program = jax.jit(functools.partial(_sample_program, s=settings), donate_argnums=(1,))
+    self._program = jax.jit(functools.partial(_sample_program, s=settings), donate_argnums=(1,),
+                            compiler_options=models.COMPILER_OPTIONS)
     self._cache = None
 
   def num_compilations(self) -> int:

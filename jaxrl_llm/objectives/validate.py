@@ -13,7 +13,7 @@ from jaxrl_llm.objectives import kl
 from jaxrl_llm.objectives import losses
 
 KL_PLACEMENTS = ("loss", "reward", "none")
-OLD_LOGP_SOURCES = ("sampler", "recompute")
+OLD_LOGP_SOURCES = ("auto", "sampler", "recompute")
 
 
 def _one_of(errors: list[str], field: str, value, valid) -> None:

@@ -137,6 +137,31 @@ def place_batch(arrays: dict[str, np.ndarray], mesh, rules) -> dict[str, jax.Arr
           for k, v in arrays.items()}
 
 
+def old_logp_source(config) -> str:
+  """'sampler' or 'recompute': where a batch's old log-probs come from (`config.algo.old_logp`).
+
+  'auto' recomputes them with the trainer's forward when the model computes below float32
+  and the loss has an importance ratio, as verl does. Measured on the demo's task with GSPO
+  in bf16 (ratio clipped to [1 - 3e-4, 1 + 4e-4]), first pass, where the ratio is 1 by
+  definition: the sampler's log-probs (a decode with a KV cache) clip 1% of the sequences,
+  the recomputed ones none (the same forward as the update's, bit for bit:
+  `models.COMPILER_OPTIONS`); a truncated IS weight against the sampler's would leave that
+  1% clipped. In float32 both agree to ~1e-5, and the sampler's save a forward pass.
+  """
+  source = config.algo.old_logp
+  if source != "auto":
+    return source
+  low_precision = config.model.dtype != "float32"
+  return "recompute" if low_precision and config.algo.loss.ratio != "none" else "sampler"
+
+
+def training_algo(config):
+  """`config.algo` with `old_logp` resolved (`old_logp_source`): what the steps read."""
+  algo = config.algo.copy_and_resolve_references()
+  algo.old_logp = old_logp_source(config)
+  return algo
+
+
 def _needs_old_logp(algo) -> bool:
   """Whether a batch without sampler log-probs needs them recomputed.
 
@@ -149,23 +174,30 @@ def _needs_old_logp(algo) -> bool:
           or (algo.kl.coef > 0 and algo.kl.placement == "reward"))
 
 
-def _prepare(batch, policy, reference, value, *, algo, num_samples, temperature, chunk_size):
-  """Old/reference log-probs, values and advantages of a rollout batch (one program)."""
+def _prepare(batch, policy, reference, value, *, algo, num_samples, temperature, chunk_size,
+             num_micro):
+  """Old/reference log-probs, values and advantages of a rollout batch (one program).
+
+  The forwards run on the update's micro-batch shapes (`steps.map_micro`, `num_micro`
+  pieces), so recomputed old log-probs equal the update's first forward bit for bit.
+  """
   out = dict(batch)
   mask = batch["loss_mask"]
+  logp = lambda model: steps.map_micro(
+      lambda piece: steps.completion_logp(model, piece, temperature=temperature,
+                                          chunk_size=chunk_size)[0], batch, num_micro)
   if "sampler_logp" in batch and algo.old_logp == "sampler":
     old_logp = jnp.where(mask > 0, batch["sampler_logp"], 0.0)
   elif _needs_old_logp(algo):
-    old_logp, _ = steps.completion_logp(policy, batch, temperature=temperature, chunk_size=chunk_size)
-    old_logp = jnp.where(mask > 0, old_logp, 0.0)
+    old_logp = jnp.where(mask > 0, logp(policy), 0.0)
   else:  # SFT: no behaviour log-probs and nothing reads them; the step uses its own
     old_logp = None
   ref_logp = values = None
   if reference is not None:
-    ref_logp, _ = steps.completion_logp(reference, batch, temperature=temperature, chunk_size=chunk_size)
-    ref_logp = jnp.where(mask > 0, ref_logp, 0.0)
+    ref_logp = jnp.where(mask > 0, logp(reference), 0.0)
   if value is not None:
-    values = steps.completion_values(value, batch)
+    values = steps.map_micro(lambda piece: steps.completion_values(value, piece), batch,
+                             num_micro)
   rewards_PG = batch["rewards"].reshape(-1, num_samples)
   adv, returns = objectives.token_advantages(rewards_PG, mask, algo, logp_BT=old_logp,
                                              ref_logp_BT=ref_logp, values_BT=values)
@@ -275,7 +307,7 @@ def jit_steps(config, m: Models) -> Steps:
   optimizer state stay where they are placed (the state is donated), metrics come back
   replicated and stay on the devices until a step is logged.
   """
-  algo, t, s = config.algo, config.train, config.sampling
+  algo, t, s = training_algo(config), config.train, config.sampling
   B = t.prompts_per_step * s.num_samples
   placed = lambda model: None if model is None else model.replace(
       params=jax.tree.map(lambda x: x.sharding, model.params))
@@ -284,17 +316,19 @@ def jit_steps(config, m: Models) -> Steps:
   rows, minibatch = (sh.rows_sharding(B, m.mesh, m.rules),
                      sh.rows_sharding(minibatch_rows, m.mesh, m.rules))
   repl = sh.replicated(m.mesh)
-  num_micro = minibatch_rows // min(t.micro_batch_size, minibatch_rows)
+  micro_rows = min(t.micro_batch_size, minibatch_rows)
+  num_micro = minibatch_rows // micro_rows
   update = lambda fn, model, **kw: jax.jit(
       functools.partial(fn, model_static=model.replace(params=None), algo=algo,
                         optimizer=m.optimizer, num_micro=num_micro, **kw),
       in_shardings=(state_shardings, minibatch), out_shardings=(state_shardings, repl),
-      donate_argnums=(0,))
+      donate_argnums=(0,), compiler_options=models.COMPILER_OPTIONS)
   return Steps(
       prepare=jax.jit(functools.partial(_prepare, algo=algo, num_samples=s.num_samples,
-                                        temperature=s.temperature, chunk_size=t.logprob_chunk_size),
+                                        temperature=s.temperature, chunk_size=t.logprob_chunk_size,
+                                        num_micro=B // micro_rows),
                       in_shardings=(rows, placed(m.policy), placed(m.reference), placed(m.value)),
-                      out_shardings=rows),
+                      out_shardings=rows, compiler_options=models.COMPILER_OPTIONS),
       policy_update=update(steps.policy_step, m.policy, temperature=s.temperature,
                            chunk_size=t.logprob_chunk_size),
       value_update=None if m.value is None else update(steps.value_step, m.value),
@@ -318,7 +352,7 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
   # ---------------------------------------------------------------- Set-up
   validation.validate_config(config, devices)
   validation.check_writable(workdir)
-  algo, t, s = config.algo, config.train, config.sampling
+  algo, t, s = training_algo(config), config.train, config.sampling
   G, P, N = s.num_samples, t.prompts_per_step, s.max_new_tokens
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -372,6 +406,9 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
                                 skips.get("consecutive_skips", 0))
   writer = metrics_lib.MetricsWriter(workdir, config.logging, t.steps, start)
   writer.print(f"mfu: model FLOPs against {peak / 1e12:.3g} TFLOP/s per device ({peak_source})")
+  if _needs_old_logp(algo):
+    writer.print(f"old log-probs: {algo.old_logp} (config.algo.old_logp={config.algo.old_logp!r}, "
+                 f"compute dtype {config.model.dtype})")
   preemption = guards.PreemptionWatch()
   preemption.install()
   row: dict[str, float] = {}

@@ -84,24 +84,39 @@ def _identity(name: str, x):
   return jnp.zeros_like(x)
 
 
-def accumulate(loss_fn: Callable, params, batch, num_micro: int):
-  """Loss, metrics and gradient of `loss_fn(params, batch)`, over `num_micro` pieces.
+def _split(batch, num_micro: int):
+  """[B, ...] arrays -> [M, B / M, ...]: row i of piece m is row i * M + m of the batch, so
+  with a batch sharded over devices every piece takes an equal share of each device's rows."""
+  def split(x):
+    if x.shape[0] % num_micro:
+      raise ValueError(f"a batch of {x.shape[0]} rows does not split into {num_micro} "
+                       "micro-batches")
+    return x.reshape((x.shape[0] // num_micro, num_micro) + x.shape[1:]).swapaxes(0, 1)
+  return jax.tree.map(split, batch)
 
-  Row i of piece m is row i * M + m of the batch, so with a batch sharded over devices
-  every piece takes an equal share of each device's rows.
+
+def map_micro(fn: Callable, batch, num_micro: int):
+  """`fn(batch)` (rows in, rows out) computed on `num_micro` pieces one after another.
+
+  The pieces are the update's micro-batches (`accumulate`): the same shapes, so a forward
+  here rounds like the update's own, bit for bit (the old log-probs a bf16 ratio compares
+  against), and only one piece's activations exist at a time.
   """
+  if num_micro == 1:
+    return fn(batch)
+  out = jax.lax.map(fn, _split(batch, num_micro))  # [M, B / M, ...]
+  return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape((-1,) + x.shape[2:]), out)
+
+
+def accumulate(loss_fn: Callable, params, batch, num_micro: int):
+  """Loss, metrics and gradient of `loss_fn(params, batch)`, over `num_micro` pieces
+  (`_split`), gradients summed."""
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if num_micro == 1:
     (loss, metrics), grads = grad_fn(params, batch)
     return loss, metrics, grads
 
-  def split(x):
-    if x.shape[0] % num_micro:
-      raise ValueError(f"a minibatch of {x.shape[0]} rows does not split into {num_micro} "
-                       "micro-batches")
-    return x.reshape((x.shape[0] // num_micro, num_micro) + x.shape[1:]).swapaxes(0, 1)
-
-  pieces = jax.tree.map(split, batch)
+  pieces = _split(batch, num_micro)
   first = jax.tree.map(lambda x: x[0], pieces)
   (_, metrics_shape), _ = jax.eval_shape(grad_fn, params, first)
 
