@@ -10,7 +10,9 @@ Phases, each in its own process (torch and jax never share the device), each wit
   make_model  a random Qwen3-0.6B-shaped checkpoint (28 layers, hidden 1024, 16 heads, 8 kv
               heads of 128, vocab 151,936, tied, bf16) and a character tokenizer, by transformers
   hf          transformers `generate` (sdpa, bf16): 64 prompts of 128 tokens x G 8 x 128 new
-  ours        `sampling.generate` on a one-device mesh, the same workload
+  ours        `sampling.generate` on a one-device mesh, the same workload, with the bytes a
+              decode step must read and the fraction of a copy bandwidth measured in the same
+              process that its time implies (LAYER_LOOP=unrolled|scan overrides 'auto')
   train       `bench/train_step.py --shape=qwen3_0_6b --set=model.remat=none`: GRPO with a
               reference, 32 prompts x G 8 x (128 + 128) tokens, micro-batch 64, bf16 compute /
               float32 parameters, no remat: step split, MFU against the data-sheet peak, first
@@ -40,6 +42,7 @@ ARCH = dict(vocab_size=600, hidden_size=64, intermediate_size=128, num_hidden_la
             num_attention_heads=4, num_key_value_heads=2, head_dim=16) if TINY else dict(
             vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
             num_attention_heads=16, num_key_value_heads=8, head_dim=128)
+LAYER_LOOP = os.environ.get("LAYER_LOOP", "auto")  # the sampler's (sampling.SamplingSettings)
 LIMITS = dict(make_model=90, hf=120, ours=120, train=240, train_big=150)  # 12 min in all
 
 
@@ -105,6 +108,32 @@ def hf(path):
        torch=torch.__version__, transformers=transformers.__version__)
 
 
+def bandwidth(device) -> float:
+  """Bytes per second a device copies (read + write) on a 1 GiB array (64 MiB with TINY)."""
+  import jax
+  import jax.numpy as jnp
+  n = (2**24 if TINY else 2**28)
+  x = jax.device_put(jnp.ones((n,), jnp.float32), device)
+  copy = jax.jit(lambda a: a + 1.0)
+  jax.block_until_ready(copy(x))
+  times = []
+  for _ in range(5):
+    t = time.perf_counter()
+    jax.block_until_ready(copy(x))
+    times.append(time.perf_counter() - t)
+  return 2 * 4 * n / min(times)
+
+
+def decode_bytes(cfg, P, G, S0, mean_len) -> dict:
+  """Bytes one decode step must read: every layer's weights and the unembedding once, the
+  shared prompt KV once per prompt, each row's generated KV at the call's mean length."""
+  from jaxrl_llm.training import flops
+  item = 2  # bf16
+  weights = (cfg.num_layers * flops.layer_params(cfg) + cfg.hidden_size * cfg.vocab_size) * item
+  per_slot = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * item  # k and v
+  return dict(weights=weights, prompt_kv=P * S0 * per_slot, generated_kv=P * G * mean_len * per_slot)
+
+
 def ours(path):
   import jax
   import numpy as np
@@ -118,7 +147,7 @@ def ours(path):
   def call(n, seed):
     t = time.perf_counter()
     out = sampling.generate(model, ps, num_samples=G, max_new_tokens=n, temperature=1.0,
-                            eos_ids=(), seed=seed)
+                            eos_ids=(), seed=seed, layer_loop=LAYER_LOOP)
     jax.block_until_ready(out)
     return time.perf_counter() - t, out
 
@@ -128,9 +157,14 @@ def ours(path):
   prefill = statistics.median(call(1, s)[0] for s in range(1, 3))
   total = statistics.median(times)
   stats = jax.devices()[0].memory_stats() or {}
+  step_s = (total - prefill) / (NEW - 1)
+  moved = decode_bytes(model.config, P, G, PROMPT_LEN, NEW / 2)
+  bw = bandwidth(jax.devices()[0])
   emit("ours", rows=P * G, new=NEW, load_s=load_s, first_call_s=first, times=times,
        total_s=total, prefill_s=prefill, tokens_per_s=P * G * NEW / total,
-       decode_tokens_per_s=P * G * NEW / (total - prefill),
+       decode_tokens_per_s=P * G * NEW / (total - prefill), decode_step_s=step_s,
+       bytes_per_step=moved, bandwidth_bytes_per_s=bw,
+       bandwidth_fraction=sum(moved.values()) / bw / step_s,
        min_len=int(np.asarray(out.lengths).min()),
        peak_gib=stats.get("peak_bytes_in_use", 0) / 2**30, jax=jax.__version__,
        device=str(jax.devices()[0]))
@@ -178,6 +212,11 @@ def main():
     print(f"sampler: ours {o['tokens_per_s']:.0f} tokens/s ({o['total_s']:.3f} s/call, first "
           f"{o['first_call_s']:.1f} s, peak {o['peak_gib']:.1f} GiB) vs generate "
           f"{h['tokens_per_s']:.0f} -> {o['tokens_per_s'] / h['tokens_per_s']:.2f}x")
+    moved = o["bytes_per_step"]
+    print(f"decode step {1e3 * o['decode_step_s']:.2f} ms reads {sum(moved.values()) / 1e9:.2f} GB "
+          f"(weights {moved['weights'] / 1e9:.2f}, prompt KV {moved['prompt_kv'] / 1e9:.2f}, "
+          f"generated KV {moved['generated_kv'] / 1e9:.2f}); at the {o['bandwidth_bytes_per_s'] / 1e12:.2f}"
+          f" TB/s measured copy rate that is {100 * o['bandwidth_fraction']:.0f}% of the limit")
   if t:
     print(f"train step {t['step_s']:.3f} s (sample {t['sample_s']:.3f}, log-probs "
           f"{t['logprob_s']:.3f}, update {t['update_s']:.3f}); MFU {100 * t['mfu']:.1f}%, update "

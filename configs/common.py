@@ -100,6 +100,7 @@ def sampling_config() -> ConfigDict:
       "max_prompt_len": 128,
       "prompt_buckets": (32, 64, 128),  # prompts pad to the smallest bucket that fits
       "layer_loop": "auto",  # auto | scan | unrolled: how sampling runs the layers (sampling.py)
+      "weight_layout": "tensor",  # tensor | replicated | training: weights while decoding
   })
 
 

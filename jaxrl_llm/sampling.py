@@ -61,6 +61,7 @@ class SampleOutput:
 
 
 LAYER_LOOPS = ("auto", "scan", "unrolled")
+WEIGHT_LAYOUTS = ("tensor", "replicated", "training")
 UNROLL_MAX_LAYERS = 8  # 'auto' unrolls CPU models up to this depth
 
 
@@ -76,6 +77,12 @@ class SamplingSettings:
   inside the loop is a copy on every step (a 4-layer decode step is 1.4x faster unrolled),
   but the program, and its compile time, grow with depth. 'auto': unrolled on a CPU up to
   `UNROLL_MAX_LAYERS` layers, scanned otherwise.
+
+  `weight_layout`: where the weights live while decoding. Training shards them over `fsdp`
+  (and `tensor`); a decode step that read them there would all-gather every layer's weights
+  for every token. So once per call, before the decode loop, 'tensor' gathers the fsdp
+  shards and keeps the tensor-parallel split (the default), 'replicated' gathers both, and
+  'training' leaves them as they are.
   """
   num_samples: int
   max_new_tokens: int
@@ -85,6 +92,7 @@ class SamplingSettings:
   eos_ids: tuple[int, ...] = ()
   pad_id: int = 0
   layer_loop: str = "auto"
+  weight_layout: str = "tensor"
 
   def __post_init__(self):
     if self.num_samples < 1:
@@ -99,6 +107,20 @@ class SamplingSettings:
       raise ValueError(f"top_p={self.top_p}: expected 0 < top_p <= 1 (1 = off)")
     if self.layer_loop not in LAYER_LOOPS:
       raise ValueError(f"layer_loop={self.layer_loop!r}: expected one of {list(LAYER_LOOPS)}")
+    if self.weight_layout not in WEIGHT_LAYOUTS:
+      raise ValueError(f"weight_layout={self.weight_layout!r}: expected one of "
+                       f"{list(WEIGHT_LAYOUTS)}")
+
+
+def decode_weight_shardings(model: models.Model, layout: str):
+  """The shardings of `model`'s (stacked) parameters while decoding, or None to keep them."""
+  if model.mesh is None or layout == "training":
+    return None
+  dropped = {"fsdp"} if layout == "tensor" else {"fsdp", "tensor"}
+  keep = lambda axes: None if axes is None else tuple(
+      a for a in ((axes,) if isinstance(axes, str) else axes) if a not in dropped) or None
+  rules = tuple((name, keep(axes)) for name, axes in model.rules)
+  return models.param_shardings(model.config, model.mesh, rules)
 
 
 def unrolls_layers(settings: SamplingSettings, model: models.Model) -> bool:
@@ -220,11 +242,16 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, key, s: Samp
   B = P * G
   S = S0 + N
 
-  # Once per call, not once per token: the weights in the compute dtype and the layout.
+  # Once per call, not once per token: the weights in the compute dtype, in the decode layout
+  # (`SamplingSettings.weight_layout`: no all-gather inside the loop), unstacked if unrolled.
   dt = model.config.jnp_dtype
   unrolled = isinstance(cache, tuple)
-  model = model.replace(params=jax.tree.map(
-      lambda p: p.astype(dt) if jnp.issubdtype(p.dtype, jnp.floating) else p, model.params))
+  params = jax.tree.map(lambda p: p.astype(dt) if jnp.issubdtype(p.dtype, jnp.floating) else p,
+                        model.params)
+  decode_shardings = decode_weight_shardings(model, s.weight_layout)
+  if decode_shardings is not None:
+    params = jax.lax.with_sharding_constraint(params, decode_shardings)
+  model = model.replace(params=params)
   if unrolled:
     model = models.unstack_layers(model)
 
@@ -290,6 +317,15 @@ class Sampler:
     process's prompts in process order, all padded to one bucket, and `model` must be
     on a mesh. `sample_local` returns just this process's rows on the host.
     """
+    out, self._cache = self._program(*self._arguments(model, prompts, seed))
+    return out
+
+  def lower(self, model: models.Model, prompts: Sequence[Sequence[int]], seed=0):
+    """The sampling program for these arguments, lowered (`.compile().as_text()` shows it)."""
+    return self._program.lower(*self._arguments(model, prompts, seed))
+
+  def _arguments(self, model, prompts, seed):
+    """Checks the prompts; returns the program's (model, cache, tokens, mask, key)."""
     if not len(prompts):
       raise ValueError("prompts is empty: expected a list of token-id lists")
     if min(len(p) for p in prompts) == 0:
@@ -318,8 +354,7 @@ class Sampler:
     key = seed if isinstance(seed, jax.Array) else jax.random.key(seed)
     if multi:  # the same key on every process, as one replicated global array
       key = _replicated_key(key, model.mesh)
-    out, self._cache = self._program(model, self._cache, tokens, mask, key)
-    return out
+    return model, self._cache, tokens, mask, key
 
   def sample_local(self, model: models.Model, prompts: Sequence[Sequence[int]],
                    seed) -> SampleOutput:
@@ -356,7 +391,7 @@ def _sampler(settings: SamplingSettings) -> Sampler:
 def generate(model: models.Model, prompts: Sequence[Sequence[int]], num_samples: int,
              max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              eos_ids: Sequence[int] = (), seed: int | jax.Array = 0, pad_id: int = 0,
-             layer_loop: str = "auto") -> SampleOutput:
+             layer_loop: str = "auto", weight_layout: str = "tensor") -> SampleOutput:
   """Samples `num_samples` completions of every prompt.
 
   Args:
@@ -371,10 +406,11 @@ def generate(model: models.Model, prompts: Sequence[Sequence[int]], num_samples:
     seed: an int or a jax PRNG key.
     pad_id: the token written after the end.
     layer_loop: 'auto', 'scan' or 'unrolled' (see `SamplingSettings`).
+    weight_layout: 'tensor', 'replicated' or 'training' (see `SamplingSettings`).
   Returns:
     `SampleOutput` with rows prompt-major: the G samples of prompt 0 come first.
   """
   settings = SamplingSettings(num_samples, max_new_tokens, float(temperature), int(top_k),
                               float(top_p), tuple(int(e) for e in eos_ids), int(pad_id),
-                              layer_loop)
+                              layer_loop, weight_layout)
   return _sampler(settings)(model, prompts, seed)

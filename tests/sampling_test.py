@@ -1,4 +1,5 @@
 """The group sampler against transformers' generate, the model's own distribution, and itself."""
+import re
 import tempfile
 
 import jax
@@ -324,6 +325,52 @@ class BFloat16Test(parameterized.TestCase):
       np.testing.assert_array_equal(completion[clear], logp.argmax(-1)[clear])
       checked += clear.sum()
     self.assertGreaterEqual(checked, 5)
+
+
+def _all_gathers_in_loops(hlo: str) -> list[str]:
+  """The all-gathers of floating-point arrays in the while-loop bodies of compiled HLO text
+  (and in every computation those bodies call)."""
+  computations = {m.group(1).lstrip("%"): m.group(2) for m in re.finditer(
+      r"^(%?[\w.\-]+) .*?\{\n(.*?)^\}", hlo, re.S | re.M)}
+  todo, seen = re.findall(r"while\(.*?body=%?([\w.\-]+)", hlo), set()
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in computations:
+      continue
+    seen.add(name)
+    todo += re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", computations[name])
+  return [line.strip() for name in seen for line in computations[name].splitlines()
+          if re.search(r"= (f32|bf16|f16)\[.*all-gather\(", line)]
+
+
+class DecodeLayoutTest(parameterized.TestCase):
+  """FSDP-trained weights are gathered once per call, not once per token (weight_layout)."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    hf = hf_testing.make_hf_model("llama", vocab_size=128, hidden_size=64, intermediate_size=96)
+    path = hf_testing.save_hf_model(hf, tempfile.mkdtemp())
+    cls.plain = models.from_pretrained(path)
+    cls.sharded = models.from_pretrained(path, mesh=sh.make_mesh(dict(data=1, fsdp=4, tensor=2)))
+
+  @parameterized.parameters("scan", "unrolled")
+  def test_no_weight_all_gather_inside_the_decode_loop(self, layer_loop):
+    sampler = sampling.Sampler(sampling.SamplingSettings(2, 8, layer_loop=layer_loop))
+    hlo = sampler.lower(self.sharded, _prompts(14, (4, 7, 5, 9))).compile().as_text()
+    self.assertEqual(_all_gathers_in_loops(hlo), [])
+    # The same samples as the unsharded model.
+    kw = dict(num_samples=2, max_new_tokens=8, temperature=0.0, layer_loop=layer_loop)
+    prompts = _prompts(15, (4, 7, 5, 9))
+    np.testing.assert_array_equal(
+        np.asarray(sampling.generate(self.sharded, prompts, **kw).tokens),
+        np.asarray(sampling.generate(self.plain, prompts, **kw).tokens))
+
+  def test_the_training_layout_gathers_inside_the_loop(self):
+    """What the decode layout avoids (the check above can fail)."""
+    settings = sampling.SamplingSettings(2, 8, layer_loop="scan", weight_layout="training")
+    hlo = sampling.Sampler(settings).lower(self.sharded, _prompts(14, (4, 7, 5, 9))).compile()
+    self.assertNotEqual(_all_gathers_in_loops(hlo.as_text()), [])
 
 
 class BadInputTest(absltest.TestCase):

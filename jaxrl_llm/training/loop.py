@@ -385,7 +385,7 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
                                 process_index=jax.process_index(),
                                 process_count=jax.process_count())
   settings = sampling.SamplingSettings(G, N, s.temperature, s.top_k, s.top_p, eos, pad,
-                                       s.layer_loop)
+                                       s.layer_loop, s.weight_layout)
   sampler = sampling.Sampler(settings, s.prompt_buckets)
   if config.data.completions == "sample":
     rollouts = rollout_lib.SampledRollouts(config, tokenizer, batches, sampler,
@@ -498,8 +498,9 @@ class Evaluator:
     self.config, self.tokenizer = config, tokenizer
     self.dataset = data.load_dataset(config.data, "eval", task_options=config.data.task_options)
     self.reward_set = RewardSet.from_config(config.rewards)
-    settings = sampling.SamplingSettings(1, config.sampling.max_new_tokens, 0.0, 0, 1.0, eos, pad,
-                                         config.sampling.layer_loop)
+    s = config.sampling
+    settings = sampling.SamplingSettings(1, s.max_new_tokens, 0.0, 0, 1.0, eos, pad, s.layer_loop,
+                                         s.weight_layout)
     self.sampler = sampling.Sampler(settings, config.sampling.prompt_buckets)
 
   def __call__(self, policy) -> dict[str, float]:

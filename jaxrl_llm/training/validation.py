@@ -51,9 +51,11 @@ def validate_config(config, devices=None) -> None:
   if mb % min(t.micro_batch_size, mb):
     raise ValueError(f"config.train.micro_batch_size={t.micro_batch_size} does not divide the "
                      f"minibatch of {mb} sequences")
-  if config.sampling.layer_loop not in sampling.LAYER_LOOPS:
-    raise ValueError(f"config.sampling.layer_loop={config.sampling.layer_loop!r}: expected one of "
-                     f"{list(sampling.LAYER_LOOPS)}")
+  for name, allowed in (("layer_loop", sampling.LAYER_LOOPS),
+                        ("weight_layout", sampling.WEIGHT_LAYOUTS)):
+    if config.sampling[name] not in allowed:
+      raise ValueError(f"config.sampling.{name}={config.sampling[name]!r}: expected one of "
+                       f"{list(allowed)}")
   if config.data.completions not in rollout_lib.COMPLETION_SOURCES:
     raise ValueError(f"config.data.completions={config.data.completions!r}: expected one of "
                      f"{list(rollout_lib.COMPLETION_SOURCES)}")
