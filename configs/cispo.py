@@ -7,6 +7,10 @@ over the batch, GRPO advantages, no KL. No lower bound (`clip_low >= 1`), as in 
 paper; the weight is capped at 4 (`clip_high = 3`), the cap Tinker uses by default
 for CISPO after ScaleRL.
 
+Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
+trainer when the model computes in bf16/fp16, where the sampler's decode rounds
+differently and the ratio would start away from 1 (`loop.old_logp_source`).
+
 Run:
   python -m launch.train --config=configs/cispo.py --workdir=/tmp/cispo
   python -m launch.train --config=configs/cispo.py:runlocal --workdir=/tmp/cispo_local  # CPU

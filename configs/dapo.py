@@ -6,6 +6,10 @@ batch weighs the same (`token_mean`); groups whose rewards are all equal are dro
 and more prompts sampled; a graded length penalty over the last `cache_len` tokens
 before `max_len` (the paper: 4,096 of 20,480, a fifth); no KL term.
 
+Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
+trainer when the model computes in bf16/fp16, where the sampler's decode rounds
+differently and the ratio would start away from 1 (`loop.old_logp_source`).
+
 Run:
   python -m launch.train --config=configs/dapo.py --workdir=/tmp/dapo
   python -m launch.train --config=configs/dapo.py:runlocal --workdir=/tmp/dapo_local  # CPU

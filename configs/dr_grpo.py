@@ -5,6 +5,10 @@ arXiv:2503.20783. Advantage `R - mean_g` (no std division); the loss sums token
 terms and divides by a constant, `B · max_new_tokens`, instead of by each response's
 length; no KL term.
 
+Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
+trainer when the model computes in bf16/fp16, where the sampler's decode rounds
+differently and the ratio would start away from 1 (`loop.old_logp_source`).
+
 Run:
   python -m launch.train --config=configs/dr_grpo.py --workdir=/tmp/dr_grpo
   python -m launch.train --config=configs/dr_grpo.py:runlocal --workdir=/tmp/dr_grpo_local  # CPU

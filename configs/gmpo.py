@@ -6,6 +6,10 @@ pessimistic of clipped and unclipped for the sign of A; one term per response
 (`seq_mean_token_mean` over a term that is constant along the response is exactly
 the mean over responses); GRPO advantages; no KL.
 
+Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
+trainer when the model computes in bf16/fp16, where the sampler's decode rounds
+differently and the ratio would start away from 1 (`loop.old_logp_source`).
+
 Run:
   python -m launch.train --config=configs/gmpo.py --workdir=/tmp/gmpo
   python -m launch.train --config=configs/gmpo.py:runlocal --workdir=/tmp/gmpo_local  # CPU

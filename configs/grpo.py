@@ -5,6 +5,10 @@ Language Models", arXiv:2402.03300, §4.1. Advantage `(R - mean_g) / (std_g + ep
 per group of G responses, every response weighted equally (`1/L` per response, then
 the group mean), clip 0.2, `β = 0.04` on the k3 estimator of KL(π‖π_ref).
 
+Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
+trainer when the model computes in bf16/fp16, where the sampler's decode rounds
+differently and the ratio would start away from 1 (`loop.old_logp_source`).
+
 Run:
   python -m launch.train --config=configs/grpo.py --workdir=/tmp/grpo
   python -m launch.train --config=configs/grpo.py:runlocal --workdir=/tmp/grpo_local  # CPU

@@ -7,6 +7,10 @@ it is a per-token geometric mean); GRPO advantages, one term per response; no KL
 term. Each rollout batch is split into four minibatches as in the paper, so the clip
 acts. Set `algo.loss.ratio = 'sequence_token'` for GSPO-token.
 
+Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
+trainer when the model computes in bf16/fp16, where the sampler's decode rounds
+differently and the ratio would start away from 1 (`loop.old_logp_source`).
+
 Run:
   python -m launch.train --config=configs/gspo.py --workdir=/tmp/gspo
   python -m launch.train --config=configs/gspo.py:runlocal --workdir=/tmp/gspo_local  # CPU

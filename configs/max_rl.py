@@ -5,6 +5,10 @@ For 0/1 rewards the advantage weights a prompt by 1/pass-rate, moving the object
 from expected reward toward the log-likelihood of success; a group that never
 succeeds (mean 0) gets zero advantage. Every other axis is GRPO's (configs/grpo.py).
 
+Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
+trainer when the model computes in bf16/fp16, where the sampler's decode rounds
+differently and the ratio would start away from 1 (`loop.old_logp_source`).
+
 Run:
   python -m launch.train --config=configs/max_rl.py --workdir=/tmp/max_rl
   python -m launch.train --config=configs/max_rl.py:runlocal --workdir=/tmp/max_rl_local  # CPU

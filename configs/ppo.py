@@ -6,6 +6,10 @@ defaults (γ = 1, λ = 0.95, whitened advantages, value clip 0.2, vf_coef 0.1,
 4 PPO epochs per batch). Rewards: the outcome reward on the last token minus
 `β·(logp - ref_logp)` on every token. One response per prompt (no groups needed).
 
+Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
+trainer when the model computes in bf16/fp16, where the sampler's decode rounds
+differently and the ratio would start away from 1 (`loop.old_logp_source`).
+
 Run:
   python -m launch.train --config=configs/ppo.py --workdir=/tmp/ppo
   python -m launch.train --config=configs/ppo.py:runlocal --workdir=/tmp/ppo_local  # CPU

@@ -6,6 +6,10 @@ minus `β·(logp - ref_logp)` on every token; returns `G_t = Σ_{k≥t} γ^{k-t}
 normalised over all valid tokens of the batch (no per-prompt baseline, no critic);
 PPO token clip 0.2, token-mean loss.
 
+Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
+trainer when the model computes in bf16/fp16, where the sampler's decode rounds
+differently and the ratio would start away from 1 (`loop.old_logp_source`).
+
 Run:
   python -m launch.train --config=configs/reinforce_pp.py --workdir=/tmp/reinforce_pp
   python -m launch.train --config=configs/reinforce_pp.py:runlocal --workdir=/tmp/rpp_local

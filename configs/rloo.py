@@ -6,6 +6,9 @@ Advantage `R_i - mean_{j≠i} R_j`, where the response reward already carries
 `-β·Σ_t (logp - ref_logp)`; loss `-A·logp` summed over a response's tokens, mean over
 responses; no ratio and no clip, since each batch is used for one step.
 
+Old log-probs: no ratio reads them; the KL-in-reward term takes the sampler's
+(`algo.old_logp = "auto"` resolves to "sampler" without a ratio).
+
 Run:
   python -m launch.train --config=configs/rloo.py --workdir=/tmp/rloo
   python -m launch.train --config=configs/rloo.py:runlocal --workdir=/tmp/rloo_local  # CPU

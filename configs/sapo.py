@@ -5,6 +5,10 @@ Gao et al. 2025 (Qwen), "Soft Adaptive Policy Optimization", arXiv:2511.20347. L
 smoothly as ρ moves away, faster for negative advantages (`tau_neg = 1.05 >
 tau_pos = 1.0`); GRPO advantages, `1/L` per response; no KL.
 
+Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
+trainer when the model computes in bf16/fp16, where the sampler's decode rounds
+differently and the ratio would start away from 1 (`loop.old_logp_source`).
+
 Run:
   python -m launch.train --config=configs/sapo.py --workdir=/tmp/sapo
   python -m launch.train --config=configs/sapo.py:runlocal --workdir=/tmp/sapo_local  # CPU

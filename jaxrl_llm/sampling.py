@@ -74,7 +74,7 @@ class SamplingSettings:
   time does not grow with depth. 'unrolled' unstacks the weights once per call
   (`models.unstack_layers`) and loops over layers in Python with one cache buffer per layer,
   so the decode loop reads every buffer where it lies; on a CPU a slice of a stacked array
-  inside the loop is a copy on every step (a 4-layer decode step is 1.4x faster unrolled),
+  inside the loop is a copy on every step (a 4-layer decode step is 1.5x faster unrolled),
   but the program, and its compile time, grow with depth. 'auto': unrolled on a CPU up to
   `UNROLL_MAX_LAYERS` layers, scanned otherwise.
 

@@ -76,7 +76,7 @@ class LearningTest(absltest.TestCase):
     config = smoke.get_config()
     config.rewards.functions = ("tests.training.test_rewards:count_a",)
     config.rewards.weights = (1.0,)
-    config.train.steps = 30
+    config.train.steps = 40  # take-off varies with the random stream: seeds 0-3 reach 4.6-6.8
     config.train.prompts_per_step = 4
     config.sampling.num_samples = 8
     config.sampling.max_new_tokens = 8
