@@ -8,6 +8,8 @@ exactly 64 new tokens (no EOS), temperature 1.0.
   python bench/sampler.py --rounds 5     # more rounds
   python bench/sampler.py --no-hf        # ours only
   python bench/sampler.py --devices 1    # ours on one XLA CPU device (default: one per core)
+  python bench/sampler.py --no-hf --rounds 1 --shape narrow --layers 28 --layer-loop scan
+                                         # first call (compile) of a deep narrow model
 
 Cores. XLA runs one CPU device's program mostly on one core (its matmuls at 64 rows gain
 only 1.25-1.5x from a second thread), so ours exposes one XLA CPU device per core and
@@ -41,6 +43,8 @@ MODEL = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_
              rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False)
 P, PROMPT_LEN, G, NEW = 8, 32, 8, 64
 TOKENS = P * G * NEW
+NARROW = dict(hidden_size=64, intermediate_size=192, num_attention_heads=2, num_key_value_heads=1,
+              head_dim=32)  # `--shape narrow`: compile time dominated by the program's depth
 
 
 def _prompts():
@@ -80,7 +84,7 @@ def worker_hf(path, reps):
   return dict(total=total, prefill=prefill, threads=torch.get_num_threads())  # nothing to compile
 
 
-def worker_ours(path, reps, devices):
+def worker_ours(path, reps, devices, layer_loop):
   # One XLA CPU device per core, the batch sharded over them (the mesh's data axis): the
   # same program that runs data-parallel over the chips of a TPU slice.
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
@@ -97,7 +101,7 @@ def worker_ours(path, reps, devices):
 
   def timed(new_tokens):
     sampler = sampling.Sampler(sampling.SamplingSettings(num_samples=G, max_new_tokens=new_tokens,
-                                                         temperature=1.0))
+                                                         temperature=1.0, layer_loop=layer_loop))
     run = lambda: jax.block_until_ready(sampler(model, prompts, next(seeds)).tokens)
     t0 = time.perf_counter()
     run()
@@ -107,12 +111,13 @@ def worker_ours(path, reps, devices):
 
   total, first = timed(NEW)
   prefill, _ = timed(1)
-  return dict(total=total, prefill=prefill, compile=first - total, devices=len(jax.devices()))
+  return dict(total=total, prefill=prefill, compile=first - total, first=first,
+              devices=len(jax.devices()))
 
 
-def _spawn(which, path, reps, devices):
+def _spawn(which, path, reps, devices, layer_loop):
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", which, "--path", path,
-         "--reps", str(reps), "--devices", str(devices)]
+         "--reps", str(reps), "--devices", str(devices), "--layer-loop", layer_loop]
   out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
   result = json.loads(out.strip().splitlines()[-1])
   result["load"] = os.getloadavg()[0]
@@ -124,7 +129,7 @@ def _row(name, runs):
   med = lambda key: statistics.median(r[key] for r in runs)
   total, prefill = med("total"), med("prefill")
   decode = total - prefill
-  compile_s = f"{med('compile'):.2f}" if "compile" in runs[0] else "-"
+  compile_s = f"{med('first'):.2f} / {med('compile'):.2f}" if "compile" in runs[0] else "-"
   return (f"| {name} | {total:.3f} | {TOKENS / total:,.0f} | {prefill:.3f} | {decode:.3f} | "
           f"{TOKENS / decode:,.0f} | {compile_s} |")
 
@@ -138,9 +143,13 @@ def main():
   ap.add_argument("--path")
   ap.add_argument("--devices", type=int, default=os.cpu_count(),
                   help="XLA CPU devices for ours (default: one per core)")
+  ap.add_argument("--shape", choices=("standard", "narrow"), default="standard",
+                  help="narrow: hidden 64, so that compile time shows the program's depth")
+  ap.add_argument("--layers", type=int, default=MODEL["num_hidden_layers"])
+  ap.add_argument("--layer-loop", default="auto", help="config.sampling.layer_loop for ours")
   args = ap.parse_args()
   if args.worker == "ours":
-    print(json.dumps(worker_ours(args.path, args.reps, args.devices)))
+    print(json.dumps(worker_ours(args.path, args.reps, args.devices, args.layer_loop)))
     return 0
   if args.worker == "hf":
     print(json.dumps(worker_hf(args.path, args.reps)))
@@ -149,24 +158,28 @@ def main():
   import torch
   import transformers
   torch.manual_seed(0)
+  shape = {**MODEL, **(NARROW if args.shape == "narrow" else {}),
+           "num_hidden_layers": args.layers}
   hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-      **MODEL, bos_token_id=1, eos_token_id=2, pad_token_id=0)).eval()
+      **shape, bos_token_id=1, eos_token_id=2, pad_token_id=0)).eval()
   path = tempfile.mkdtemp()
   hf.save_pretrained(path)
   del hf
 
   ours, theirs = [], []
   for r in range(args.rounds):
-    ours.append(_spawn("ours", path, args.reps, args.devices))
+    ours.append(_spawn("ours", path, args.reps, args.devices, args.layer_loop))
     if not args.no_hf:
-      theirs.append(_spawn("hf", path, args.reps, args.devices))
+      theirs.append(_spawn("hf", path, args.reps, args.devices, args.layer_loop))
     print(f"round {r}: ours {TOKENS / ours[-1]['total']:,.0f} tokens/s (load {ours[-1]['load']:.1f})"
           + ("" if args.no_hf else f", HF {TOKENS / theirs[-1]['total']:,.0f} tokens/s "
                                     f"(load {theirs[-1]['load']:.1f})"), flush=True)
 
-  print(f"\nstandard workload: {P} prompts x {PROMPT_LEN} tokens, G={G}, {NEW} new tokens, "
-        f"float32, {os.cpu_count()} CPUs; medians over {args.rounds} rounds of {args.reps} calls\n")
-  print("| sampler | s/call | tokens/s | prefill s | decode s | decode tokens/s | compile s |")
+  print(f"\n{args.shape} model, {args.layers} layers, layer_loop={args.layer_loop}: {P} prompts x "
+        f"{PROMPT_LEN} tokens, G={G}, {NEW} new tokens, float32, {os.cpu_count()} CPUs; medians "
+        f"over {args.rounds} rounds of {args.reps} calls\n")
+  print("| sampler | s/call | tokens/s | prefill s | decode s | decode tokens/s | "
+        "first call / compile s |")
   print("|---|---|---|---|---|---|---|")
   print(_row(f"jaxrl_llm sampler ({ours[0]['devices']} CPU devices, batch over 'data')", ours))
   if args.no_hf:

@@ -16,8 +16,8 @@ Run:
 Hardware: as configs/grpo.py.
 Expected result: measured on the demo's task, not with a real model (no weights on
 this machine): `--config=configs/arithmetic.py:preset=dapo` (100 steps, seed 0, 2 CPU
-cores, 67 s) took held-out greedy accuracy from 0.637 to 0.883 at step 20 and
-0.930 at step 100; README's "Recipes side by side" has every preset. The default
+cores, 67 s) took held-out greedy accuracy from 0.637 to 0.879 at step 20 and
+0.910 at step 100; README's "Recipes side by side" has every preset. The default
 tiny random model is for smoke runs.
 """
 from configs import common

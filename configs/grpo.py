@@ -16,8 +16,8 @@ Hardware: the default tiny model runs on one CPU/GPU/TPU host; set `model.path` 
 `mesh` for a real model.
 Expected result: measured on the demo's task, not with a real model (no weights on
 this machine): `--config=configs/arithmetic.py:preset=grpo` (100 steps, seed 0, 2 CPU
-cores, 88 s) took held-out greedy accuracy from 0.637 to 0.836 at step 20 and
-0.910 at step 100; README's "Recipes side by side" has every preset. The default
+cores, 65 s) took held-out greedy accuracy from 0.637 to 0.852 at step 20 and
+0.918 at step 100; README's "Recipes side by side" has every preset. The default
 tiny random model is for smoke runs.
 """
 from configs import common

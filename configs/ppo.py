@@ -16,8 +16,8 @@ Run:
 Hardware: as configs/grpo.py, plus a value model the size of the policy backbone.
 Expected result: measured on the demo's task, not with a real model (no weights on
 this machine): `--config=configs/arithmetic.py:preset=ppo` (100 steps, seed 0, 2 CPU
-cores, 400 s) took held-out greedy accuracy from 0.637 to 0.895 at step 20 and
-0.898 at step 100; README's "Recipes side by side" has every preset. The default
+cores, 471 s while sharing them with other work, 275 s on idle cores) took held-out greedy
+accuracy from 0.637 to 0.895 at step 20 and 0.879 at step 100; README's "Recipes side by side" has every preset. The default
 tiny random model is for smoke runs.
 """
 from configs import common
