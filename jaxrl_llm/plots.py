@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import json
 
+from jaxrl_llm import paths
+
 
 def read_metrics(jsonl_path: str) -> list[dict]:
-  with open(jsonl_path, encoding="utf-8") as f:
+  with paths.open(jsonl_path) as f:
     return [json.loads(line) for line in f if line.strip()]
 
 
@@ -27,5 +29,6 @@ def plot_curves(jsonl_path: str, png_path: str, keys: tuple[str, ...], title: st
   if title:
     fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(png_path, dpi=100)
+  with paths.open(png_path, "wb") as f:  # local or gs://
+    fig.savefig(f, format="png", dpi=100)
   plt.close(fig)

@@ -19,18 +19,18 @@ _WORKDIR = flags.DEFINE_string("workdir", "workdir/demo", "Output directory.")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from jaxrl_llm import plots, training  # pylint: disable=g-import-not-at-top
+  from jaxrl_llm import paths, plots, training  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
   workdir = _WORKDIR.value
   training.train(_CONFIG.value, workdir)
-  metrics = os.path.join(workdir, "metrics.jsonl")
-  png = os.path.join(workdir, "curves.png")
+  metrics = paths.join(workdir, "metrics.jsonl")
+  png = paths.join(workdir, "curves.png")
   plots.plot_curves(metrics, png, ("reward_mean", "eval/accuracy"),
                     title="GRPO on arithmetic (CPU demo)")
   evals = [r for r in plots.read_metrics(metrics) if "eval/accuracy" in r]
   print(f"\nheld-out accuracy: {evals[0]['eval/accuracy']:.3f} at step {evals[0]['step']} -> "
         f"{evals[-1]['eval/accuracy']:.3f} at step {evals[-1]['step']}")
-  print(f"curves: {png}\nmodel:  {os.path.join(workdir, 'export')}")
+  print(f"curves: {png}\nmodel:  {paths.join(workdir, 'export')}")
 
 
 if __name__ == "__main__":

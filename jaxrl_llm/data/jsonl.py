@@ -8,14 +8,15 @@ other field of an object (`answer`, `numbers`, ...) is passed to the reward
 functions under its own name.
 """
 import json
-import os
+
+from jaxrl_llm import paths
 
 
 def read_jsonl(path: str) -> list[dict]:
   """Reads and checks a JSONL prompt file.
 
   Args:
-    path: the file.
+    path: the file, local or gs://.
 
   Returns:
     One dict per non-blank line, each with a string `prompt`.
@@ -25,10 +26,10 @@ def read_jsonl(path: str) -> list[dict]:
     ValueError: a line that is not a JSON object, lacks a string `prompt`, or a
       file with no records.
   """
-  if not os.path.isfile(path):
+  if not paths.isfile(path):
     raise FileNotFoundError(f"JSONL data file {path!r} does not exist.")
   records = []
-  with open(path, encoding="utf-8") as f:
+  with paths.open(path) as f:
     for line_number, line in enumerate(f, start=1):
       if not line.strip():
         continue

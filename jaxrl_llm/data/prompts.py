@@ -20,10 +20,11 @@ Padding. A batch is left-padded to the smallest of `config.sampling.prompt_bucke
 that holds its longest prompt, so the sampler compiles once per bucket.
 """
 import dataclasses
-import os
 from typing import Sequence
 
 import numpy as np
+
+from jaxrl_llm import paths
 
 OVERFLOW_MODES = ("error", "truncate")
 
@@ -45,12 +46,16 @@ class TokenizedPrompts:
 
 
 def load_tokenizer(path: str):
-  """A transformers tokenizer from a local directory (never the hub)."""
+  """A transformers tokenizer from a directory, local or gs:// (never the hub).
+
+  transformers reads only local directories: a gs:// one is read from its local copy
+  (`paths.local_copy`).
+  """
   import transformers  # pylint: disable=g-import-not-at-top
 
-  if not os.path.isdir(path):
+  if not paths.isdir(path):
     raise FileNotFoundError(f"Tokenizer directory {path!r} does not exist.")
-  return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+  return transformers.AutoTokenizer.from_pretrained(paths.local_copy(path), local_files_only=True)
 
 
 def render_prompt(tokenizer, prompt: str, *, chat_template: bool) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from typing import Any
 
 import flax.linen as nn
@@ -24,6 +23,7 @@ import numpy as np
 from flax import struct
 from jax.sharding import Mesh
 
+from jaxrl_llm import paths
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models import kv_cache, load
 from jaxrl_llm.models.config import ModelConfig, from_hf_dict, to_hf_dict
@@ -107,10 +107,10 @@ def place(model: Model, mesh: Mesh, rules=sh.DEFAULT_RULES) -> Model:
 def from_pretrained(path: str, dtype: str = "float32", *, param_dtype: str | None = None,
                     remat: str = "none", attention: str = "auto", mesh: Mesh | None = None,
                     rules=sh.DEFAULT_RULES) -> Model:
-  """Loads a local Hugging Face directory (config.json + safetensors).
+  """Loads a Hugging Face directory (config.json + safetensors).
 
   Args:
-    path: the directory.
+    path: the directory, local or gs:// (read from a local copy, `paths.local_copy`).
     dtype: compute dtype name ('float32', 'bfloat16', 'float16').
     param_dtype: parameter dtype name (default: `dtype`).
     remat: what the backward pass keeps of each layer ('none', 'dots', 'full').
@@ -134,6 +134,8 @@ def _host(x) -> np.ndarray:
 def save_pretrained(model: Model, path: str, *, max_shard_bytes: int = 5 * 2**30) -> None:
   """Writes `model` as a Hugging Face directory that transformers' Auto classes load.
 
+  `path` is local or gs://.
+
   With several processes, every process must call this (the parameters are gathered);
   only process 0 writes.
   """
@@ -144,10 +146,9 @@ def save_pretrained(model: Model, path: str, *, max_shard_bytes: int = 5 * 2**30
   params = jax.tree.map(_host, model.params)
   if jax.process_index() != 0:
     return
-  os.makedirs(path, exist_ok=True)
+  paths.makedirs(path)
   load.save_params(load.hf_tensors(params, model.config), path, max_shard_bytes)
-  with open(os.path.join(path, load.CONFIG_FILE), "w") as f:
-    json.dump(hf_config, f, indent=2)
+  paths.write_atomic(paths.join(path, load.CONFIG_FILE), json.dumps(hf_config, indent=2))
 
 
 def value_model(policy: Model) -> Model:

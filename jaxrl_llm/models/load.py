@@ -1,10 +1,11 @@
 """Hugging Face checkpoints <-> our parameter tree.
 
 Reads `config.json` plus `model.safetensors` or a sharded `model.safetensors.index.json`
-from a local directory, and writes the same layout back so that
+from a directory, and writes the same layout back so that
 `transformers.AutoModelForCausalLM.from_pretrained` loads it. Tensors are read through
 memory maps, one layer at a time, straight into the model's stacked and fused layout (the
-layout map below), so a process never holds two copies of the checkpoint.
+layout map below), so a process never holds two copies of the checkpoint. A gs://
+directory is read from a local copy of it (`paths.local_copy`) and written file by file.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import ml_dtypes
 import numpy as np
 import safetensors.numpy
 
+from jaxrl_llm import paths
 from jaxrl_llm.models.config import ModelConfig
 
 WEIGHTS_FILE = "model.safetensors"
@@ -179,29 +181,28 @@ class _SafetensorsDir:
 
 def _no_weights(path: str) -> str:
   return (f"no weights in {path!r}: expected {WEIGHTS_FILE} or {INDEX_FILE} (safetensors); "
-          f"the directory holds {sorted(os.listdir(path))[:10]}")
+          f"the directory holds {sorted(paths.listdir(path))[:10]}")
 
 
 def read_config(path: str) -> dict[str, Any]:
-  if not os.path.isdir(path):
+  if not paths.isdir(path):
     raise FileNotFoundError(f"model path {path!r} does not exist or is not a directory (expected "
-                            f"a local Hugging Face model directory with {CONFIG_FILE} and "
-                            "safetensors weights)")
-  file = os.path.join(path, CONFIG_FILE)
-  if not os.path.exists(file):
+                            f"a Hugging Face model directory, local or gs://, with {CONFIG_FILE} "
+                            "and safetensors weights)")
+  file = paths.join(path, CONFIG_FILE)
+  if not paths.exists(file):
     raise FileNotFoundError(f"{path!r} has no {CONFIG_FILE}: not a Hugging Face model directory "
-                            f"(it holds {sorted(os.listdir(path))[:10]})")
-  with open(file) as f:
-    try:
-      return json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{file!r} is not valid JSON ({e})") from e
+                            f"(it holds {sorted(paths.listdir(path))[:10]})")
+  try:
+    return json.loads(paths.read_text(file))
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{file!r} is not valid JSON ({e})") from e
 
 
 def check_model_dir(path: str) -> dict[str, Any]:
   """The `config.json` of `path`, after checking that safetensors weights sit beside it."""
   hf_config = read_config(path)
-  if not any(os.path.exists(os.path.join(path, f)) for f in (WEIGHTS_FILE, INDEX_FILE)):
+  if not any(paths.exists(paths.join(path, f)) for f in (WEIGHTS_FILE, INDEX_FILE)):
     raise FileNotFoundError(_no_weights(path))
   return hf_config
 
@@ -223,7 +224,7 @@ def load_params(path: str, cfg: ModelConfig) -> dict[str, Any]:
   if cfg.head != "lm":
     raise ValueError("Hugging Face checkpoints hold language models; make a value model with "
                      "models.value_model(policy) instead")
-  st = _SafetensorsDir(path)
+  st = _SafetensorsDir(paths.local_copy(path))  # memory maps need local files
   dtype = _NP_DTYPES[cfg.param_dtype]
   used = set()
 
@@ -286,8 +287,9 @@ def save_params(tensors: Iterator[tuple[str, np.ndarray]], path: str,
                 max_shard_bytes: int = 5 * 2**30) -> None:
   """Writes tensors as model.safetensors, or shards plus an index past `max_shard_bytes`.
 
-  Files are written under temporary names and renamed at the end, so an interrupted save
-  leaves no half-written checkpoint under the final names.
+  Files are written under temporary names and renamed at the end (`paths.replace`: on
+  gs://, one upload per file), so an interrupted save leaves no half-written file under
+  the final names.
   """
   shards: list[dict[str, np.ndarray]] = [{}]
   size = 0
@@ -301,21 +303,22 @@ def save_params(tensors: Iterator[tuple[str, np.ndarray]], path: str,
   names = [WEIGHTS_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
   final = []
   for name, shard in zip(names, shards):
-    tmp = os.path.join(path, f".tmp.{name}")
+    tmp = paths.temp_file_for(paths.join(path, name))
     safetensors.numpy.save_file(shard, tmp, metadata={"format": "pt"})
-    final.append((tmp, os.path.join(path, name)))
+    final.append((tmp, paths.join(path, name)))
   if n > 1:
     weight_map = {t: name for name, shard in zip(names, shards) for t in shard}
     total = sum(x.nbytes for shard in shards for x in shard.values())
-    tmp = os.path.join(path, f".tmp.{INDEX_FILE}")
+    tmp = paths.temp_file_for(paths.join(path, INDEX_FILE))
     with open(tmp, "w") as f:
       json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-    final.append((tmp, os.path.join(path, INDEX_FILE)))
-  keep = {os.path.basename(dst) for _, dst in final}
-  for f in os.listdir(path):  # weights of an earlier save would shadow or mix with ours
+    final.append((tmp, paths.join(path, INDEX_FILE)))
+  keep = set(names) | ({INDEX_FILE} if n > 1 else set())
+  earlier = paths.listdir(path) if paths.isdir(path) else []  # gs://: no objects yet
+  for f in earlier:  # weights of an earlier save would shadow or mix with ours
     if f not in keep and (f in (WEIGHTS_FILE, INDEX_FILE) or
                           (f.startswith("model-") and f.endswith(".safetensors"))):
-      os.remove(os.path.join(path, f))
+      paths.remove(paths.join(path, f))
   for tmp, dst in final:
-    os.replace(tmp, dst)
-    os.chmod(dst, 0o644)  # an exported model is for others to read
+    os.chmod(tmp, 0o644)  # an exported model is for others to read
+    paths.replace(tmp, dst)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
 from typing import Any
 
@@ -26,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm import checkpoints, data, distributed, models, objectives, sampling
+from jaxrl_llm import checkpoints, data, distributed, models, objectives, paths, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.models import load
@@ -345,8 +344,8 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
 
   Args:
     config: a full config (see `configs/`).
-    workdir: checkpoints, metrics.jsonl, tb/ and export/ go here; a workdir that holds
-      checkpoints is resumed from the latest.
+    workdir: a local directory or a gs:// URL; checkpoints, metrics.jsonl, tb/ and
+      export/ go here; a workdir that holds checkpoints is resumed from the latest.
     devices: the devices of the mesh (default: all devices of all processes).
   """
   # ---------------------------------------------------------------- Set-up
@@ -355,8 +354,7 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
   algo, t, s = training_algo(config), config.train, config.sampling
   G, P, N = s.num_samples, t.prompts_per_step, s.max_new_tokens
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
+    paths.write_atomic(paths.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
   m = set_up(config, devices)
   mesh, rules, tokenizer, policy, reference, value = (m.mesh, m.rules, m.tokenizer, m.policy,
                                                       m.reference, m.value)
@@ -480,10 +478,11 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
         raise guards.Preempted(done)
     # ---------------------------------------------------------------- Export
     ckpt.wait()
-    export = os.path.join(workdir, "export")
+    export = paths.join(workdir, "export")
     models.save_pretrained(as_policy(state), export)
     if jax.process_index() == 0:
-      tokenizer.save_pretrained(export)
+      with paths.local_staging(export) as local:  # transformers writes local files only
+        tokenizer.save_pretrained(local)
   finally:
     preemption.uninstall()
     ckpt.close()
@@ -503,17 +502,21 @@ class Evaluator:
                                          s.weight_layout)
     self.sampler = sampling.Sampler(settings, config.sampling.prompt_buckets)
 
+  def complete(self, policy, batch: data.RecordBatch):
+    """Greedy completions of `batch`'s prompts (texts) and their `Rewards`."""
+    tok = data.tokenize_prompts(self.tokenizer, batch.prompts, self.config.data,
+                                self.config.sampling.prompt_buckets, indices=batch.indices)
+    out = self.sampler.sample_local(policy, tok.token_lists, 0)
+    completions = rollout_lib.decode_completions(self.tokenizer, out.tokens, out.lengths)
+    return completions, self.reward_set(batch.prompts, completions, **batch.fields())
+
   def __call__(self, policy) -> dict[str, float]:
     values: dict[str, list] = {}
     valid: list[np.ndarray] = []
     for batch in data.sequential_batches(self.dataset, self.config.train.prompts_per_step,
                                          process_index=jax.process_index(),
                                          process_count=jax.process_count()):
-      tok = data.tokenize_prompts(self.tokenizer, batch.prompts, self.config.data,
-                                  self.config.sampling.prompt_buckets, indices=batch.indices)
-      out = self.sampler.sample_local(policy, tok.token_lists, 0)
-      completions = rollout_lib.decode_completions(self.tokenizer, out.tokens, out.lengths)
-      scored = self.reward_set(batch.prompts, completions, **batch.fields())
+      _, scored = self.complete(policy, batch)
       for name, v in [("total", scored.total), *scored.per_function.items()]:
         values.setdefault(name, []).append(np.where(batch.valid, v, 0.0))
       valid.append(batch.valid)
@@ -532,3 +535,37 @@ class Evaluator:
       if key in row:
         text += f" | {name} {row[key]:.3f}"
     return text
+
+
+def greedy_samples(config, count: int, model_path: str = "") -> list[dict]:
+  """What the evaluator scores, shown: the first `count` held-out records, answered greedily.
+
+  Args:
+    config: a full config (its model, data, sampling and rewards sections are read).
+    count: how many records, from the start of the eval split.
+    model_path: a Hugging Face directory to load instead of `config.model.path`, e.g. a
+      finished run's `export/`.
+
+  Returns:
+    One dict per record: `prompt`, `completion`, the record's other fields (`answer`, ...),
+    `reward` (the weighted total) and `reward/NAME` for each reward function.
+  """
+  if model_path:
+    config = config.copy_and_resolve_references()
+    config.model.path = model_path
+  validation.validate_config(config)
+  mesh, rules = sh.make_mesh(config.mesh), sh.freeze_rules(config.mesh.rules)
+  tokenizer, policy = load_tokenizer_and_policy(config, mesh, rules)
+  evaluator = Evaluator(config, tokenizer, rollout_lib.eos_ids(tokenizer, policy.config),
+                        rollout_lib.pad_id(tokenizer))
+  if not 0 < count <= len(evaluator.dataset):
+    raise ValueError(f"count={count}: expected 1 to {len(evaluator.dataset)}, the size of the "
+                     f"eval split of config.data.source={config.data.source!r}")
+  batch = next(data.sequential_batches(evaluator.dataset, count, process_index=jax.process_index(),
+                                       process_count=jax.process_count()))
+  completions, scored = evaluator.complete(policy, batch)
+  fields = batch.fields()
+  return [{"prompt": prompt, "completion": completion, **{k: v[i] for k, v in fields.items()},
+           "reward": float(scored.total[i]),
+           **{f"reward/{name}": float(v[i]) for name, v in scored.per_function.items()}}
+          for i, (prompt, completion) in enumerate(zip(batch.prompts, completions))]

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import difflib
 import math
-import os
 
 import jax
 import ml_collections
 from absl import logging
 
 from configs import common as config_schema
-from jaxrl_llm import objectives, sampling
+from jaxrl_llm import objectives, paths, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.data import prompts as prompts_lib
@@ -165,9 +164,10 @@ def _check_model(m) -> None:
     except (OSError, ValueError) as e:
       error = FileNotFoundError if isinstance(e, OSError) else ValueError
       raise error(f"config.model.path={m.path!r}: {e}") from e
-  if m.tokenizer_path and not os.path.isdir(m.tokenizer_path):
+  if m.tokenizer_path and not paths.isdir(m.tokenizer_path):
     raise FileNotFoundError(f"config.model.tokenizer_path={m.tokenizer_path!r} is not a "
-                            "directory: expected a local tokenizer directory ('' = model.path)")
+                            "directory: expected a tokenizer directory, local or gs:// "
+                            "('' = model.path)")
   needed = len(char_tokenizer.vocab())
   if not m.path and not m.tokenizer_path and m.arch.vocab_size < needed:
     raise ValueError(f"config.model.arch.vocab_size={m.arch.vocab_size} is smaller than the "
@@ -177,12 +177,14 @@ def _check_model(m) -> None:
 
 # --- workdir --------------------------------------------------------------------------------------
 def check_writable(workdir: str) -> None:
+  """Writes and removes a probe file: a bad workdir (a missing bucket, no permission)
+  fails here, before the model loads."""
   try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, f".write_test.{jax.process_index()}")  # one per process
-    with open(probe, "w") as f:
+    paths.makedirs(workdir)
+    probe = paths.join(workdir, f".write_test.{jax.process_index()}")  # one per process
+    with paths.open(probe, "w") as f:
       f.write("ok")
-    os.remove(probe)
-  except OSError as e:
+    paths.remove(probe)
+  except (OSError, ValueError) as e:  # gcsfs raises ValueError for some bad bucket names
     raise ValueError(f"workdir {workdir!r} cannot be written ({type(e).__name__}: {e}): expected "
                      "a directory this process can create and write to") from e

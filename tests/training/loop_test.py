@@ -1,5 +1,4 @@
 """The trainer end to end: every preset, learning, sharding, resume, compilation, logs."""
-import glob
 import importlib
 import json
 import os
@@ -12,7 +11,7 @@ import numpy as np
 from absl.testing import absltest, parameterized
 
 from configs import smoke
-from jaxrl_llm import training
+from jaxrl_llm import paths, training
 from jaxrl_llm.training import metrics as metrics_lib
 
 PRESETS = ("ppo", "grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "cispo", "gmpo",
@@ -35,8 +34,11 @@ def read_tb_scalars(workdir):
   """Parses TensorBoard event files (TFRecord framing + Event protos) into {tag: [values]}."""
   from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
   scalars = {}
-  for path in glob.glob(os.path.join(workdir, "tb", "events.out.tfevents.*")):
-    with open(path, "rb") as f:
+  tb = paths.join(workdir, "tb")  # local or gs://
+  for name in sorted(paths.listdir(tb)):
+    if not name.startswith("events.out.tfevents."):
+      continue
+    with paths.open(paths.join(tb, name), "rb") as f:
       buf = f.read()
     pos = 0
     while pos < len(buf):
