@@ -12,11 +12,13 @@ runtime (`jax.distributed`), e.g. two processes on one machine:
   python -m launch.train ... --coordinator_address=127.0.0.1:12355 --num_processes=2 --process_id=1
 
 The three flags may come from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
-JAX_PROCESS_ID instead; on a Cloud TPU pod (or SLURM) `--multihost` lets JAX find them.
+JAX_PROCESS_ID instead; on a Cloud TPU pod (or SLURM) `--multihost` lets JAX find them
+(launch/tpu_pod.py starts this command so on every worker of a TPU slice).
 
 Exit status: 0 when the run finished; 75 (EX_TEMPFAIL) when SIGTERM stopped it after
-writing a checkpoint (run the same command again to resume); 2 for a bad flag or config
-file (one line on stderr); 1 on any other error.
+writing a checkpoint (run the same command again to resume); 2 for a bad flag, config
+file or config value, or a workdir that cannot be written (one line on stderr, before
+anything is loaded); 1 on any other error.
 """
 import sys
 
@@ -50,6 +52,7 @@ def main(argv):
   distributed.initialize(_ADDRESS.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                          auto_detect=_MULTIHOST.value)
   config = _CONFIG.value
+  _check_config(config, _WORKDIR.value)
   if jax.process_index() == 0:
     print(config)
   try:
@@ -82,11 +85,30 @@ def _parse_flags(argv):
     _usage_error(f"a --config override: {e}")
 
 
-def _usage_error(message: str):
+def _check_config(config, workdir: str):
+  """The checks `training.train` runs first, run here so that a bad value exits 2.
+
+  A value the config validation refuses (`--config.optimizer.lr=-1`, a `model.path`
+  that is not a model directory, a mesh that does not fit the devices) or a workdir
+  that cannot be written is a usage error: one line naming the field. Errors raised
+  once training has started (data, weights, a reward function) stay the run's own:
+  exit 1 with their traceback.
+  """
+  from jaxrl_llm.training import validation  # pylint: disable=g-import-not-at-top
+  try:
+    validation.validate_config(config)
+    validation.check_writable(workdir)
+  except (ValueError, OSError) as e:  # OSError: FileNotFoundError for model/tokenizer paths
+    _usage_error("; ".join(str(e).splitlines()), flags_help=False)  # one line
+
+
+def _usage_error(message: str, flags_help: bool = True):
   if "Traceback (most recent call last)" in message:  # keep the config file's own error
     lines = [line for line in message.splitlines() if line.strip()]
     message = f"{lines[0]} {lines[-1]}"
-  print(f"{message}\nPass --helpshort or --helpfull to see help on flags.", file=sys.stderr)
+  if flags_help:
+    message += "\nPass --helpshort or --helpfull to see help on flags."
+  print(message, file=sys.stderr)
   sys.exit(2)
 
 

@@ -33,6 +33,13 @@ def small_config():
   return config
 
 
+def run_train(flags):
+  """`python -m launch.train FLAGS` in the repository, on the CPU."""
+  return subprocess.run([sys.executable, "-m", "launch.train", *flags], cwd=REPO,
+                        capture_output=True, text=True, timeout=120,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
 def write_jsonl(path, prompts):
   with open(path, "w") as f:
     f.writelines(json.dumps({"prompt": p}) + "\n" for p in prompts)
@@ -90,13 +97,49 @@ class ConfigKeysTest(CatalogTest):
   )
   def test_command_line(self, flags, message):
     workdir = self.new_workdir()
-    run = subprocess.run([sys.executable, "-m", "launch.train", f"--workdir={workdir}", *flags],
-                         cwd=REPO, capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    run = run_train([f"--workdir={workdir}", *flags])
     self.assertEqual(run.returncode, 2, run.stderr)
     self.assertRegex(run.stderr, message)
     self.assertNotIn("Traceback", run.stderr)  # one clear line, not a stack
     self.assertFalse(os.path.exists(workdir))
+
+  @parameterized.named_parameters(
+      ("negative_learning_rate", ["--config.optimizer.lr=-1"],
+       "config.optimizer.lr=-1.0: expected a positive learning rate"),
+      ("missing_model_path", ["--config.model.path=/no/such/model"],
+       "config.model.path='/no/such/model': model path '/no/such/model' does not exist or is "
+       "not a directory (expected a "),
+      ("mesh_does_not_fit", ["--config.mesh.data=3"],
+       "config.mesh (data=3, fsdp=1, tensor=1) needs 3 devices; there are 8: expected sizes "
+       "whose product is 8 (or one axis -1 for the rest)"),
+  )
+  def test_config_value_on_the_command_line(self, flags, message):
+    """A value the validation refuses: exit 2 and exactly one line, before the workdir exists."""
+    workdir = self.new_workdir()
+    run = run_train([f"--workdir={workdir}", "--config=configs/smoke.py", *flags])
+    self.assertEqual(run.returncode, 2, run.stderr)
+    lines = run.stderr.strip().splitlines()
+    self.assertLen(lines, 1, run.stderr)
+    self.assertStartsWith(lines[0], message)
+    self.assertFalse(os.path.exists(workdir))
+
+  def test_unwritable_workdir_on_the_command_line(self):
+    parent = os.path.join(self.create_tempdir().full_path, "a_file")
+    with open(parent, "w") as f:
+      f.write("x")
+    run = run_train([f"--workdir={parent}/run", "--config=configs/smoke.py"])
+    self.assertEqual(run.returncode, 2, run.stderr)
+    self.assertLen(run.stderr.strip().splitlines(), 1)
+    self.assertRegex(run.stderr, re.escape(f"workdir '{parent}/run' cannot be written ("))
+
+  def test_error_once_training_started_is_not_a_usage_error(self):
+    """Missing data is found after the model is built: the run's own failure, exit 1."""
+    workdir = self.new_workdir()
+    run = run_train([f"--workdir={workdir}", "--config=configs/smoke.py",
+                     "--config.data.source=jsonl:/no/such/data.jsonl"])
+    self.assertEqual(run.returncode, 1, run.stderr)
+    self.assertIn("Traceback", run.stderr)
+    self.assertIn("JSONL data file '/no/such/data.jsonl' does not exist", run.stderr)
 
   @parameterized.named_parameters(
       ("close_match", "train", "stepz", re.escape(
@@ -224,8 +267,8 @@ class ValuesTest(CatalogTest):
 
 # --- 3. the model path ---------------------------------------------------------------------------
 NOT_A_DIRECTORY = ("config.model.path={path!r}: model path {path!r} does not exist or is not a "
-                   "directory (expected a local Hugging Face model directory with config.json "
-                   "and safetensors weights)")
+                   "directory (expected a Hugging Face model directory, local or gs://, with "
+                   "config.json and safetensors weights)")
 
 
 class ModelPathTest(CatalogTest):
