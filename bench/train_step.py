@@ -140,7 +140,7 @@ def policy_step_memory(config, run: bool) -> dict:
       truncated=np.zeros(B, bool), rewards=np.arange(B, dtype=np.float32) % 2,
       group_valid=np.ones(P, bool), metrics={}, position=0, prompts=[""] * P, completions=[])
   raw = loop.place_batch(loop.batch_arrays(rollout, G, False), m.mesh, m.rules)
-  batch = jax.eval_shape(programs.prepare, raw, m.policy, m.reference, m.value)
+  batch, _ = jax.eval_shape(programs.prepare, raw, m.policy, m.reference, m.value)
   rows = sh.rows_sharding(programs.minibatch_rows, m.mesh, m.rules)
   minibatch = {k: jax.ShapeDtypeStruct((programs.minibatch_rows,) + x.shape[1:], x.dtype,
                                        sharding=rows) for k, x in batch.items()}

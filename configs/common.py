@@ -75,6 +75,9 @@ def mesh_config() -> ConfigDict:
       "data": -1,  # -1: all devices the other axes leave
       "fsdp": 1,
       "tensor": 1,
+      # > 0: the sampler gets the first n devices (its own mesh, tensor-parallel) and data/fsdp/
+      # tensor above describe the trainer's mesh over the rest; 0: both share every device.
+      "rollout_devices": 0,
       "rules": (
           ("batch", ("data", "fsdp")),
           ("embed", "fsdp"),
@@ -145,6 +148,15 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
       # has an importance ratio (the sampler's decode numerics then differ from the trainer's)
       "old_logp": "auto",
       "tis_cap": 0.0,  # truncated IS weight cap for sampler/trainer mismatch; 0 = off
+      # Off-policy corrections against the recorded behaviour log-probs b (ALGORITHMS.md): with
+      # w = exp(o - b), o the trainer's recomputed old log-probs, tis_cap multiplies each token's
+      # loss by min(w, tis_cap); behaviour_mask (IcePop) drops tokens ('token') or whole responses
+      # ('sequence': geometric mean of w) with w outside [low, high] from the loss and its counts,
+      # logging behaviour_mask_frac. Both need old_logp 'recompute' ('auto' resolves to it).
+      "behaviour_mask": {"level": "off", "low": 0.5, "high": 2.0},  # off | token | sequence
+      # Asynchronous rollouts: the rollouts of step s may come from the policy after update
+      # s - max_async_level (sampled while the updates in between run); 0 = synchronous.
+      "max_async_level": 0,
       "dynamic_sampling": {"enabled": False, "max_rounds": 3},
       "overlong": {
           "enabled": False,

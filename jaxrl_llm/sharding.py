@@ -95,6 +95,29 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
   return Mesh(device_array, MESH_AXES)
 
 
+def split_meshes(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> tuple[Mesh, Mesh | None]:
+  """(trainer mesh, rollout mesh) from `config.mesh`.
+
+  `mesh_cfg.rollout_devices = n > 0` gives the sampler the first n devices as its own
+  tensor-parallel mesh (data = fsdp = 1, tensor = n) and builds the trainer's mesh
+  (`make_mesh`: data, fsdp, tensor) over the rest; n = 0 gives one mesh over every device
+  and no rollout mesh. Split placement needs one process (every device addressable).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  n = int(mesh_cfg.rollout_devices)
+  if n == 0:
+    return make_mesh(mesh_cfg, devices), None
+  if not 0 < n < len(devices):
+    raise ValueError(f"config.mesh.rollout_devices={n}: expected 0 (shared placement) or 1 to "
+                     f"{len(devices) - 1}, leaving the trainer at least one of the "
+                     f"{len(devices)} devices")
+  if jax.process_count() > 1:
+    raise ValueError(f"config.mesh.rollout_devices={n} with {jax.process_count()} processes: "
+                     "split placement supports one process; expected 0")
+  rollout = make_mesh({"data": 1, "fsdp": 1, "tensor": n}, devices[:n])
+  return make_mesh(mesh_cfg, devices[n:]), rollout
+
+
 def _rules_table(rules: Rules) -> dict[str, tuple[str, ...]]:
   table = {}
   for logical, mesh_axes in rules:

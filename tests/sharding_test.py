@@ -36,6 +36,20 @@ class MeshTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r"config.mesh.tensor=0"):
       sh.make_mesh(dict(data=-1, fsdp=1, tensor=0))
 
+  def test_split_meshes(self):
+    cfg = {"data": -1, "fsdp": 1, "tensor": 1, "rollout_devices": 0}
+    trainer, rollout = sh.split_meshes(type("Cfg", (), cfg))
+    self.assertEqual((trainer.size, rollout), (8, None))
+    cfg["rollout_devices"] = 2
+    trainer, rollout = sh.split_meshes(type("Cfg", (), cfg))
+    self.assertEqual(dict(trainer.shape), {"data": 6, "fsdp": 1, "tensor": 1})
+    self.assertEqual(dict(rollout.shape), {"data": 1, "fsdp": 1, "tensor": 2})
+    self.assertEqual(list(rollout.devices.flat), jax.devices()[:2])
+    self.assertEqual(set(trainer.devices.flat), set(jax.devices()[2:]))
+    cfg["rollout_devices"] = 8
+    with self.assertRaisesRegex(ValueError, r"rollout_devices=8: expected 0 .* or 1 to 7"):
+      sh.split_meshes(type("Cfg", (), cfg))
+
   def test_rules(self):
     mesh = sh.make_mesh(MESH_222)
     spec = sh.logical_to_spec((sh.BATCH, sh.SEQ, sh.EMBED), (8, 5, 64), mesh, sh.DEFAULT_RULES)

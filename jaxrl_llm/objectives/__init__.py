@@ -13,7 +13,8 @@ name: `config.algo` names a choice per axis, and the tables below resolve it.
 
 Modules: `logprobs` (per-token logp and entropy, chunked), `advantages`, `kl`,
 `aggregation` (loss reductions and exact accumulation), `losses` (ratios, trust
-regions, policy and value losses), `shaping` (DAPO extras, truncated IS),
+regions, policy and value losses), `shaping` (DAPO extras, truncated IS, behaviour
+masking),
 `validate` (`validate_algo`).
 """
 from jaxrl_llm.objectives.advantages import ESTIMATORS
@@ -38,6 +39,8 @@ from jaxrl_llm.objectives.losses import RATIOS
 from jaxrl_llm.objectives.losses import TRUST_REGIONS
 from jaxrl_llm.objectives.losses import policy_loss
 from jaxrl_llm.objectives.losses import value_loss
+from jaxrl_llm.objectives.shaping import BEHAVIOUR_MASK_LEVELS
+from jaxrl_llm.objectives.shaping import behaviour_mask
 from jaxrl_llm.objectives.shaping import drop_truncated
 from jaxrl_llm.objectives.shaping import dynamic_sampling_keep
 from jaxrl_llm.objectives.shaping import overlong_penalty

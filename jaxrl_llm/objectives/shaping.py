@@ -9,6 +9,10 @@
 * Truncated importance sampling (`algo.tis_cap`): `min(exp(old_trainer - old_sampler),
   cap)` corrects for the sampler's log-probs differing from the trainer's (Yao et al.
   2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training").
+* Behaviour masking (`algo.behaviour_mask`, IcePop-style): tokens (or whole responses)
+  whose weight `w = exp(o - b)` against the recorded behaviour log-probs `b` falls
+  outside `[low, high]` get no loss and leave the aggregation's counts (IcePop, from the
+  Ling Team's Ring-1T report, 2025; the contract: `shared/ALGORITHMS.md`).
 """
 from __future__ import annotations
 
@@ -67,3 +71,48 @@ def truncated_importance_weight(
   """
   log_w_BT = old_logp_trainer_BT.astype(jnp.float32) - old_logp_sampler_BT.astype(jnp.float32)
   return jax.lax.stop_gradient(jnp.minimum(jnp.exp(log_w_BT), cap))
+
+
+BEHAVIOUR_MASK_LEVELS = ("off", "token", "sequence")
+
+
+def behaviour_mask(old_logp_BT: Array, behaviour_logp_BT: Array, mask_BT: Array,
+                   mask_cfg) -> tuple[Array, Array]:
+  """IcePop-style masking of tokens whose behaviour weight is out of range.
+
+  `w_t = exp(o_t - b_t)`, with `o` the proximal log-probs (the trainer's, at the start of
+  the update) and `b` the behaviour log-probs the sampler recorded. Level `token` keeps a
+  token iff `low <= w_t <= high`; level `sequence` keeps a whole response iff its
+  geometric mean `exp(mean_t log w_t)` (over its valid tokens) is in `[low, high]`; `off`
+  keeps everything. The result is the loss mask: masked tokens get no loss and leave
+  `batch_counts`.
+
+  Args:
+    old_logp_BT: `o`, `[B, T]`.
+    behaviour_logp_BT: `b`, `[B, T]`.
+    mask_BT: `[B, T]`, 1 on valid completion tokens.
+    mask_cfg: `config.algo.behaviour_mask` (`level`, `low`, `high`).
+
+  Returns:
+    `(mask_BT with the masked tokens zeroed, in mask_BT's dtype, masked_frac)`:
+    `masked_frac` is the fraction of valid tokens masked (0 when there are none).
+  """
+  if mask_cfg.level not in BEHAVIOUR_MASK_LEVELS:
+    raise ValueError(f"algo.behaviour_mask.level = {mask_cfg.level!r} is unknown; valid: "
+                     f"{list(BEHAVIOUR_MASK_LEVELS)}.")
+  valid_BT = mask_BT > 0
+  if mask_cfg.level == "off":
+    return mask_BT, jnp.zeros((), jnp.float32)
+  log_w_BT = jnp.where(valid_BT, old_logp_BT.astype(jnp.float32)
+                       - behaviour_logp_BT.astype(jnp.float32), 0.0)
+  log_low, log_high = jnp.log(jnp.float32(mask_cfg.low)), jnp.log(jnp.float32(mask_cfg.high))
+  if mask_cfg.level == "token":
+    log_w = log_w_BT
+  else:  # log of the geometric mean of the response's weights, broadcast over its tokens
+    lengths_B1 = jnp.maximum(jnp.sum(valid_BT, axis=1, keepdims=True), 1).astype(jnp.float32)
+    log_w = jnp.sum(log_w_BT, axis=1, keepdims=True) / lengths_B1 * jnp.ones_like(log_w_BT)
+  keep_BT = (log_w >= log_low) & (log_w <= log_high)
+  kept_BT = jax.lax.stop_gradient(jnp.where(keep_BT, mask_BT, jnp.zeros_like(mask_BT)))
+  valid = jnp.sum(valid_BT.astype(jnp.float32))
+  masked = jnp.sum((valid_BT & ~keep_BT).astype(jnp.float32))
+  return kept_BT, jnp.where(valid > 0, masked / jnp.maximum(valid, 1.0), 0.0)

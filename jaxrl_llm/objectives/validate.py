@@ -11,6 +11,7 @@ from jaxrl_llm.objectives import advantages
 from jaxrl_llm.objectives import aggregation
 from jaxrl_llm.objectives import kl
 from jaxrl_llm.objectives import losses
+from jaxrl_llm.objectives import shaping
 
 KL_PLACEMENTS = ("loss", "reward", "none")
 OLD_LOGP_SOURCES = ("auto", "sampler", "recompute")
@@ -97,6 +98,7 @@ def _check_rest(cfg, errors: list[str]) -> None:
   _one_of(errors, "algo.old_logp", cfg.old_logp, OLD_LOGP_SOURCES)
   if cfg.tis_cap < 0:
     errors.append(f"algo.tis_cap = {cfg.tis_cap} must be >= 0 (0 = off).")
+  _check_off_policy(cfg, errors)
   if cfg.dynamic_sampling.enabled and cfg.dynamic_sampling.max_rounds < 1:
     errors.append(f"algo.dynamic_sampling.max_rounds = {cfg.dynamic_sampling.max_rounds} "
                   "must be >= 1.")
@@ -104,6 +106,22 @@ def _check_rest(cfg, errors: list[str]) -> None:
   if ol.enabled and not 0 <= ol.cache_len < ol.max_len:
     errors.append(f"algo.overlong: need 0 <= cache_len < max_len, got cache_len = "
                   f"{ol.cache_len}, max_len = {ol.max_len}.")
+
+
+def _check_off_policy(cfg, errors: list[str]) -> None:
+  bm = cfg.behaviour_mask
+  _one_of(errors, "algo.behaviour_mask.level", bm.level, shaping.BEHAVIOUR_MASK_LEVELS)
+  if bm.level != "off":
+    if not 0.0 < bm.low <= 1.0 <= bm.high:
+      errors.append(f"algo.behaviour_mask.low / high = {bm.low} / {bm.high}: expected "
+                    "0 < low <= 1 <= high (the weight exp(o - b) is 1 on-policy).")
+    if cfg.old_logp == "sampler":
+      errors.append(f"algo.behaviour_mask.level = {bm.level!r} compares the trainer's old "
+                    "log-probs with the sampler's: algo.old_logp must be 'recompute' or 'auto', "
+                    "got 'sampler'.")
+  if not isinstance(cfg.max_async_level, int) or cfg.max_async_level < 0:
+    errors.append(f"algo.max_async_level = {cfg.max_async_level!r} must be an int >= 0 "
+                  "(0 = synchronous).")
 
 
 def validate_algo(cfg, num_samples: int | None = None) -> None:

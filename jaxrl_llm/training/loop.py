@@ -13,6 +13,12 @@ Resume: a checkpoint holds the TrainState (parameters, optimizer, RNG key), the 
 position and the skip counters; sampling keys are folded from the step, so a run
 restarted from step s reproduces an uninterrupted run from s on. SIGTERM and non-finite
 updates: see `guards`.
+
+Asynchronous rollouts (`config.algo.max_async_level = k >= 1`): the sample + reward phase
+runs ahead in a thread (`async_rollouts`), step s's rollout sampled by the policy after
+update max(s - k, start); the loop takes it, then runs the same phases. A resumed run
+restarts that pipeline from the checkpoint's policy and data position. Split placement
+(`config.mesh.rollout_devices`) gives the sampler its own mesh (`sharding.split_meshes`).
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.models import load
 from jaxrl_llm.models.config import ModelConfig, from_hf_dict
 from jaxrl_llm.rewards import RewardSet
+from jaxrl_llm.training import async_rollouts
 from jaxrl_llm.training import flops as flops_lib
 from jaxrl_llm.training import guards
 from jaxrl_llm.training import metrics as metrics_lib
@@ -146,12 +153,17 @@ def old_logp_source(config) -> str:
   the recomputed ones none (the same forward as the update's, bit for bit:
   `models.COMPILER_OPTIONS`); a truncated IS weight against the sampler's would leave that
   1% clipped. In float32 both agree to ~1e-5, and the sampler's save a forward pass.
+  Off-policy data (`algo.max_async_level > 0`, or a behaviour mask) also resolves to
+  'recompute': the trust region then centres on the policy at the start of the update and
+  the corrections compare it with the recorded behaviour log-probs (ALGORITHMS.md).
   """
   source = config.algo.old_logp
   if source != "auto":
     return source
   low_precision = config.model.dtype != "float32"
-  return "recompute" if low_precision and config.algo.loss.ratio != "none" else "sampler"
+  off_policy = config.algo.max_async_level > 0 or config.algo.behaviour_mask.level != "off"
+  return ("recompute" if (low_precision or off_policy) and config.algo.loss.ratio != "none"
+          else "sampler")
 
 
 def training_algo(config):
@@ -179,6 +191,8 @@ def _prepare(batch, policy, reference, value, *, algo, num_samples, temperature,
 
   The forwards run on the update's micro-batch shapes (`steps.map_micro`, `num_micro`
   pieces), so recomputed old log-probs equal the update's first forward bit for bit.
+  Returns (the training batch, metrics: `behaviour_mask_frac` when a behaviour mask
+  applies).
   """
   out = dict(batch)
   mask = batch["loss_mask"]
@@ -200,8 +214,13 @@ def _prepare(batch, policy, reference, value, *, algo, num_samples, temperature,
   rewards_PG = batch["rewards"].reshape(-1, num_samples)
   adv, returns = objectives.token_advantages(rewards_PG, mask, algo, logp_BT=old_logp,
                                              ref_logp_BT=ref_logp, values_BT=values)
-  if algo.tis_cap > 0 and "sampler_logp" in batch and algo.old_logp == "recompute":
+  metrics = {}
+  corrects = "sampler_logp" in batch and algo.old_logp == "recompute"
+  if algo.tis_cap > 0 and corrects:
     adv = adv * objectives.truncated_importance_weight(old_logp, batch["sampler_logp"], algo.tis_cap)
+  if algo.behaviour_mask.level != "off" and corrects:  # after the advantages: baselines keep
+    out["loss_mask"], metrics["behaviour_mask_frac"] = objectives.behaviour_mask(  # every reward
+        old_logp, batch["sampler_logp"], mask, algo.behaviour_mask)
   out["advantages"] = adv
   if old_logp is not None:
     out["old_logp"] = old_logp
@@ -211,7 +230,7 @@ def _prepare(batch, policy, reference, value, *, algo, num_samples, temperature,
     out.update(old_values=values, returns=returns)
   out.pop("rewards")
   out.pop("sampler_logp", None)
-  return out
+  return out, metrics
 
 
 def _throughput(model_config, algo, rollout, arrays, *, dt, t_sample, t_logprob, t_update, G, N,
@@ -254,6 +273,8 @@ class Models:
     schedule, optimizer: the learning-rate schedule (per optimizer update) and the optax
       transformation following it.
     state: a fresh `TrainState`, sharded like the parameters.
+    rollout_policy: with split placement (`config.mesh.rollout_devices`), the policy placed
+      on the sampler's own mesh (a copy of the initial parameters); None otherwise.
   """
   mesh: Any
   rules: Any
@@ -264,14 +285,24 @@ class Models:
   schedule: Any
   optimizer: Any
   state: state_lib.TrainState
+  rollout_policy: models.Model | None = None
+
+  def sampling_policy(self, params) -> models.Model:
+    """The policy with `params` where the sampler runs: on the rollout mesh (one
+    `device_put` across meshes) with split placement, else as it is."""
+    if self.rollout_policy is None:
+      return self.policy.replace(params=params)
+    shardings = jax.tree.map(lambda x: x.sharding, self.rollout_policy.params)
+    return self.rollout_policy.replace(params=jax.device_put(params, shardings))
 
 
 def set_up(config, devices=None) -> Models:
   """The mesh, the models and a fresh train state of a (validated) config."""
   algo, t = config.algo, config.train
-  mesh = sh.make_mesh(config.mesh, devices)
+  mesh, rollout_mesh = sh.split_meshes(config.mesh, devices)
   rules = sh.freeze_rules(config.mesh.rules)
   tokenizer, policy = load_tokenizer_and_policy(config, mesh, rules)
+  rollout_policy = None if rollout_mesh is None else models.place(policy, rollout_mesh, rules)
   reference = (policy.replace(params=jax.tree.map(jnp.copy, policy.params))
                if uses_reference(algo) else None)
   value = models.value_model(policy) if uses_value_model(algo) else None
@@ -285,7 +316,8 @@ def set_up(config, devices=None) -> Models:
   state = jax.device_put(state, jax.tree.map(
       lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding)
       else sh.replicated(mesh), state))
-  return Models(mesh, rules, tokenizer, policy, reference, value, schedule, optimizer, state)
+  return Models(mesh, rules, tokenizer, policy, reference, value, schedule, optimizer, state,
+                rollout_policy)
 
 
 @dataclasses.dataclass
@@ -327,7 +359,7 @@ def jit_steps(config, m: Models) -> Steps:
                                         temperature=s.temperature, chunk_size=t.logprob_chunk_size,
                                         num_micro=B // micro_rows),
                       in_shardings=(rows, placed(m.policy), placed(m.reference), placed(m.value)),
-                      out_shardings=rows, compiler_options=models.COMPILER_OPTIONS),
+                      out_shardings=(rows, repl), compiler_options=models.COMPILER_OPTIONS),
       policy_update=update(steps.policy_step, m.policy, temperature=s.temperature,
                            chunk_size=t.logprob_chunk_size),
       value_update=None if m.value is None else update(steps.value_step, m.value),
@@ -359,6 +391,7 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
   mesh, rules, tokenizer, policy, reference, value = (m.mesh, m.rules, m.tokenizer, m.policy,
                                                       m.reference, m.value)
   state, schedule = m.state, m.schedule
+  sampling_policy = m.sampling_policy  # (`m` names minibatches below)
   eos, pad = rollout_lib.eos_ids(tokenizer, policy.config), rollout_lib.pad_id(tokenizer)
   updates_per_step = algo.num_iterations * algo.num_minibatches
 
@@ -391,6 +424,14 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
   else:
     rollouts = rollout_lib.DatasetRollouts(config, tokenizer, batches, eos)
   evaluator = (Evaluator(config, tokenizer, eos, pad) if t.eval_every > 0 else None)
+  step_key = lambda step: jax.random.fold_in(jax.random.PRNGKey(config.seed), step)
+  pipeline = None
+  if algo.max_async_level > 0:  # sampling runs ahead in a thread (`async_rollouts`)
+    sampler_policy = policy if m.rollout_policy is None else m.rollout_policy
+    pipeline = async_rollouts.RolloutPipeline(
+        rollouts, sampler_policy, start=start, steps=t.steps,
+        max_async_level=algo.max_async_level, step_key=step_key)
+  staleness: list[int] = []  # per step since the last log
 
   # ---------------------------------------------------------------- Compiled steps
   as_policy = lambda st: policy.replace(params=st.policy_params)
@@ -411,23 +452,28 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
   preemption.install()
   row: dict[str, float] = {}
   try:
+    if pipeline is not None:
+      pipeline.publish(start, state.policy_params)
     if evaluator is not None and start == 0:  # the starting point, as step 0
       row = evaluator(as_policy(state))
       writer.print(evaluator.table_row(0, row))
       writer.write(0, row)
     for step in range(start, t.steps):
       t_step = time.perf_counter()
-      key = jax.random.fold_in(jax.random.PRNGKey(config.seed), step)
       # ---------------------------------------------------------------- Sample + reward
-      t0 = time.perf_counter()
-      rollout = rollouts(as_policy(state), key)
+      t0 = time.perf_counter()  # with a pipeline: the time spent waiting for the rollout
+      if pipeline is None:
+        rollout = rollouts(sampling_policy(state.policy_params), step_key(step))
+      else:
+        rollout = pipeline.get(step)
+        staleness.append(step - rollout.policy_version)
       t_reward = rollout.metrics.pop("reward_time_s", 0.0)
       t_sample = time.perf_counter() - t0 - t_reward
       # ---------------------------------------------------------------- Log-probs, advantages
       t0 = time.perf_counter()
       arrays = batch_arrays(rollout, G, algo.overlong.mask_truncated)
-      batch = programs.prepare(place_batch(arrays, mesh, rules), as_policy(state), reference,
-                               as_value(state))
+      batch, prepare_metrics = programs.prepare(place_batch(arrays, mesh, rules),
+                                                as_policy(state), reference, as_value(state))
       jax.block_until_ready(batch)
       t_logprob = time.perf_counter() - t0
       # ---------------------------------------------------------------- Update
@@ -445,6 +491,8 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
             pm = {**pm, **vm}
           step_metrics.append(pm)
       state = programs.next_step(state)
+      if pipeline is not None:
+        pipeline.publish(step + 1, state.policy_params)
       # The guard sees every step's non-finite flags (a few scalars); the rest waits for a log.
       guard_row = guard.update(step + 1, jax.device_get(
           [{k: m[k] for k in guards.NONFINITE_FLAGS if k in m} for m in step_metrics]))
@@ -455,13 +503,18 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
       if done % t.log_every == 0 or done == t.steps or guard.consecutive:
         step_metrics = jax.device_get(step_metrics)
         row = {k: float(np.mean([m[k] for m in step_metrics])) for k in step_metrics[-1]}
-        row.update(rollout.metrics, **guard_row)
+        row.update(rollout.metrics, **guard_row, **jax.device_get(prepare_metrics))
         row.update(_throughput(policy.config, algo, rollout, arrays, dt=dt, t_sample=t_sample,
                                t_logprob=t_logprob, t_update=t_update, G=G, N=N,
                                reference=reference is not None, value=value is not None,
                                peak=peak * mesh.size))
         row.update(lr=float(schedule(done * updates_per_step - 1)), reward_time_s=t_reward,
                    data_position=rollout.position)
+        if pipeline is not None:
+          row.update({"async/staleness_mean": float(np.mean(staleness)),
+                      "async/staleness_max": float(np.max(staleness)),
+                      "async/policy_version": float(rollout.policy_version)})
+          staleness = []
         if evaluator is not None and (done % t.eval_every == 0 or done == t.steps):
           row.update(evaluator(as_policy(state)))
           writer.print(evaluator.table_row(done, row))
@@ -484,6 +537,8 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
       with paths.local_staging(export) as local:  # transformers writes local files only
         tokenizer.save_pretrained(local)
   finally:
+    if pipeline is not None:
+      pipeline.close()
     preemption.uninstall()
     ckpt.close()
     writer.close()
@@ -554,7 +609,7 @@ def greedy_samples(config, count: int, model_path: str = "") -> list[dict]:
     config = config.copy_and_resolve_references()
     config.model.path = model_path
   validation.validate_config(config)
-  mesh, rules = sh.make_mesh(config.mesh), sh.freeze_rules(config.mesh.rules)
+  mesh, rules = sh.split_meshes(config.mesh)[0], sh.freeze_rules(config.mesh.rules)
   tokenizer, policy = load_tokenizer_and_policy(config, mesh, rules)
   evaluator = Evaluator(config, tokenizer, rollout_lib.eos_ids(tokenizer, policy.config),
                         rollout_lib.pad_id(tokenizer))

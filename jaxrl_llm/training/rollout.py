@@ -33,6 +33,8 @@ class Rollout:
     metrics: host scalars about this rollout (reward means, rounds, ...).
     position: the data position after this rollout (a checkpoint stores it).
     prompts, completions: the texts, for logging.
+    step, policy_version: with asynchronous rollouts (`async_rollouts`), the step this
+      rollout is for and the policy version (updates done) that sampled it; else None.
   """
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
@@ -47,6 +49,8 @@ class Rollout:
   position: int
   prompts: list[str]
   completions: list[str]
+  step: int | None = None
+  policy_version: int | None = None
 
 
 def eos_ids(tokenizer, model_config) -> tuple[int, ...]:

@@ -65,6 +65,10 @@ def validate_config(config, devices=None) -> None:
     raise ValueError(f"config.train.prompts_per_step={t.prompts_per_step} is not divisible by the "
                      f"{jax.process_count()} processes: expected a multiple of "
                      f"{jax.process_count()} (each process loads its own share of the prompts)")
+  if algo.max_async_level > 0 and jax.process_count() > 1:
+    raise ValueError(f"config.algo.max_async_level={algo.max_async_level} with "
+                     f"{jax.process_count()} processes: asynchronous rollouts run in one "
+                     "process; expected 0")
   _check_batch_shards(config, devices)
   _check_model(config.model)
 
@@ -130,7 +134,7 @@ def _compare_keys(config, schema, prefix: str, errors: list[str]) -> None:
 # --- mesh and batch -------------------------------------------------------------------------------
 def _check_batch_shards(config, devices) -> None:
   """The rollout rows split evenly over the mesh axes the 'batch' rule names."""
-  mesh = sh.make_mesh(config.mesh, devices)  # raises for a shape that does not fit the devices
+  mesh, _ = sh.split_meshes(config.mesh, devices)  # raises for a shape that does not fit
   rules = sh.freeze_rules(config.mesh.rules)
   sh.logical_to_spec((sh.BATCH,), (1,), mesh, rules)  # raises for an unknown axis in the rules
   axes = dict(rules).get(sh.BATCH) or ()

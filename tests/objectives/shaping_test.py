@@ -1,7 +1,8 @@
-"""DAPO extras and the truncated importance weight."""
+"""DAPO extras, the truncated importance weight and the behaviour mask."""
 import math
 
 from absl.testing import absltest
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -56,6 +57,59 @@ class ShapingTest(absltest.TestCase):
     adv = jnp.array([[1.0, -1.0]]) * jnp.array([[0.5, 2.0]])
     loss, _ = objectives.policy_loss(logp, old, adv, jnp.ones((1, 2)), cfg)
     np.testing.assert_allclose(loss, 0.6, atol=1e-6)
+
+
+
+def _mask_cfg(level):
+  return ml_collections.ConfigDict({"level": level, "low": 0.5, "high": 2.0})
+
+
+class BehaviourMaskTest(absltest.TestCase):
+  # o = 0 everywhere, so w = exp(-b). Row 0: w = [1, 1/4, 4] (geometric mean 1);
+  # row 1: w = [1.5, 1.5] and a padding slot; row 2: w = [3, 3, 0.6] (geometric mean
+  # (3·3·0.6)^(1/3) = 1.754). Valid tokens: 3 + 2 + 3 = 8.
+  old = jnp.zeros((3, 3))
+  behaviour = -jnp.log(jnp.array([[1.0, 0.25, 4.0], [1.5, 1.5, 9.0], [3.0, 3.0, 0.6]]))
+  mask = jnp.array([[1, 1, 1], [1, 1, 0], [1, 1, 1]], jnp.int32)
+
+  def test_token_level(self):
+    # Out of [0.5, 2]: w = 1/4 and 4 (row 0), 3 and 3 (row 2): 4 of 8 valid tokens.
+    kept, frac = objectives.behaviour_mask(self.old, self.behaviour, self.mask, _mask_cfg("token"))
+    np.testing.assert_array_equal(kept, [[1, 0, 0], [1, 1, 0], [0, 0, 1]])
+    self.assertEqual(kept.dtype, jnp.int32)
+    np.testing.assert_allclose(frac, 4 / 8)
+    counts = objectives.batch_counts(kept)  # masked tokens leave the aggregation's counts
+    self.assertEqual((float(counts["tokens"]), float(counts["sequences"])), (4.0, 3.0))
+
+  def test_sequence_level(self):
+    # Geometric means 1, 1.5, 1.754: all kept at [0.5, 2]; at high = 1.6 row 2 goes whole.
+    kept, frac = objectives.behaviour_mask(self.old, self.behaviour, self.mask,
+                                           _mask_cfg("sequence"))
+    np.testing.assert_array_equal(kept, self.mask)
+    self.assertEqual(float(frac), 0.0)
+    cfg = _mask_cfg("sequence")
+    cfg.high = 1.6
+    kept, frac = objectives.behaviour_mask(self.old, self.behaviour, self.mask, cfg)
+    np.testing.assert_array_equal(kept, [[1, 1, 1], [1, 1, 0], [0, 0, 0]])
+    np.testing.assert_allclose(frac, 3 / 8)
+    counts = objectives.batch_counts(kept)
+    self.assertEqual((float(counts["tokens"]), float(counts["sequences"])), (5.0, 2.0))
+
+  def test_off_returns_the_mask_unchanged(self):
+    kept, frac = objectives.behaviour_mask(self.old, self.behaviour, self.mask, _mask_cfg("off"))
+    self.assertIs(kept, self.mask)
+    self.assertEqual(float(frac), 0.0)
+
+  def test_masked_tokens_get_no_gradient(self):
+    # token_mean over the kept tokens only: A = 1, logp = old = -1 (ρ = 1, inside the clip),
+    # so ℓ = -ρ and dℓ/dlogp_t = -ρ_t / 4 on the 4 kept tokens, 0 on the masked ones.
+    cfg = common.algo_config(common.sampling_config())
+    cfg.kl.coef, cfg.loss.aggregation = 0.0, "token_mean"
+    kept, _ = objectives.behaviour_mask(self.old, self.behaviour, self.mask, _mask_cfg("token"))
+    logp = -jnp.ones((3, 3))
+    grad = jax.grad(lambda lp: objectives.policy_loss(lp, -jnp.ones((3, 3)), jnp.ones(3), kept,
+                                                      cfg)[0])(logp)
+    np.testing.assert_allclose(grad, -0.25 * np.asarray(kept, np.float32), atol=1e-7)
 
 
 if __name__ == "__main__":

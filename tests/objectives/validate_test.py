@@ -32,6 +32,9 @@ class ValidateAlgoTest(parameterized.TestCase):
       ("gamma", "advantage.gamma", 1.5, r"gamma = 1.5 must be in \[0, 1\]"),
       ("old_logp", "old_logp", "cache", r"old_logp = 'cache' is unknown"),
       ("iterations", "num_iterations", 0, r"num_iterations = 0 must be >= 1"),
+      ("behaviour_mask_level", "behaviour_mask.level", "seq",
+       r"behaviour_mask.level = 'seq' is unknown; valid: \['off', 'token', 'sequence'\]"),
+      ("max_async_level", "max_async_level", -1, r"max_async_level = -1 must be an int >= 0"),
   )
   def test_bad_field(self, field, value, pattern):
     cfg = grpo_algo()
@@ -42,6 +45,17 @@ class ValidateAlgoTest(parameterized.TestCase):
     node[leaf] = value
     with self.assertRaisesRegex(ValueError, pattern):
       objectives.validate_algo(cfg, num_samples=8)
+
+  def test_behaviour_mask_range_and_old_logp(self):
+    cfg = grpo_algo()
+    cfg.behaviour_mask.level, cfg.behaviour_mask.low, cfg.behaviour_mask.high = "token", 1.2, 2.0
+    with self.assertRaisesRegex(ValueError, r"low / high = 1.2 / 2.0: expected 0 < low <= 1"):
+      objectives.validate_algo(cfg, num_samples=8)
+    cfg.behaviour_mask.low, cfg.old_logp = 0.5, "sampler"
+    with self.assertRaisesRegex(ValueError, r"algo.old_logp must be 'recompute' or 'auto'"):
+      objectives.validate_algo(cfg, num_samples=8)
+    cfg.old_logp = "auto"
+    objectives.validate_algo(cfg, num_samples=8)
 
   def test_group_estimator_needs_two_samples(self):
     for estimator in ("grpo", "rloo", "dr_grpo", "max_rl", "reinforce_pp_baseline"):

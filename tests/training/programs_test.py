@@ -44,7 +44,8 @@ class ShardingTest(absltest.TestCase):
     m = loop.set_up(config)
     programs = loop.jit_steps(config, m)
     arrays = loop.batch_arrays(_rollout(config), config.sampling.num_samples, False)
-    batch = programs.prepare(loop.place_batch(arrays, m.mesh, m.rules), m.policy, m.reference, m.value)
+    batch, _ = programs.prepare(loop.place_batch(arrays, m.mesh, m.rules), m.policy, m.reference,
+                                m.value)
     for name, x in batch.items():
       self.assertEqual(x.sharding.spec, ROWS, name)
     idx = np.random.RandomState(1).permutation(32)[:programs.minibatch_rows]
