@@ -152,7 +152,8 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
       # w = exp(o - b), o the trainer's recomputed old log-probs, tis_cap multiplies each token's
       # loss by min(w, tis_cap); behaviour_mask (IcePop) drops tokens ('token') or whole responses
       # ('sequence': geometric mean of w) with w outside [low, high] from the loss and its counts,
-      # logging behaviour_mask_frac. Both need old_logp 'recompute' ('auto' resolves to it).
+      # logging behaviour_mask_frac. Both act only with old_logp 'recompute' (what 'auto' picks
+      # with a mask, or in bf16); with 'sampler', o = b and w = 1.
       "behaviour_mask": {"level": "off", "low": 0.5, "high": 2.0},  # off | token | sequence
       # Asynchronous rollouts: the rollouts of step s may come from the policy after update
       # s - max_async_level (sampled while the updates in between run); 0 = synchronous.

@@ -153,16 +153,18 @@ def old_logp_source(config) -> str:
   the recomputed ones none (the same forward as the update's, bit for bit:
   `models.COMPILER_OPTIONS`); a truncated IS weight against the sampler's would leave that
   1% clipped. In float32 both agree to ~1e-5, and the sampler's save a forward pass.
-  Off-policy data (`algo.max_async_level > 0`, or a behaviour mask) also resolves to
-  'recompute': the trust region then centres on the policy at the start of the update and
-  the corrections compare it with the recorded behaviour log-probs (ALGORITHMS.md).
+  A behaviour mask (`algo.behaviour_mask`) also resolves to 'recompute': it compares the
+  policy at the start of the update with the recorded behaviour log-probs (ALGORITHMS.md).
+  Asynchronous rollouts alone do not: the ratio then centres on the (up to k updates
+  older) behaviour policy, which saves the forward; set 'recompute' to centre it on the
+  current one.
   """
   source = config.algo.old_logp
   if source != "auto":
     return source
   low_precision = config.model.dtype != "float32"
-  off_policy = config.algo.max_async_level > 0 or config.algo.behaviour_mask.level != "off"
-  return ("recompute" if (low_precision or off_policy) and config.algo.loss.ratio != "none"
+  masked = config.algo.behaviour_mask.level != "off"
+  return ("recompute" if (low_precision or masked) and config.algo.loss.ratio != "none"
           else "sampler")
 
 
@@ -468,7 +470,8 @@ def train(config, workdir: str, devices=None) -> dict[str, float]:
         rollout = pipeline.get(step)
         staleness.append(step - rollout.policy_version)
       t_reward = rollout.metrics.pop("reward_time_s", 0.0)
-      t_sample = time.perf_counter() - t0 - t_reward
+      # With a pipeline the reward ran in its thread: the wait is all this step spent.
+      t_sample = time.perf_counter() - t0 - (t_reward if pipeline is None else 0.0)
       # ---------------------------------------------------------------- Log-probs, advantages
       t0 = time.perf_counter()
       arrays = batch_arrays(rollout, G, algo.overlong.mask_truncated)

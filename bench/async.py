@@ -1,0 +1,89 @@
+"""Synchronous vs asynchronous rollouts: step times of tiny-grpo-cpu on the same devices.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=2 .venv/bin/python bench/async.py
+  .venv/bin/python bench/async.py --devices=8 --rollout_devices=2 --steps=20
+
+Runs the workload of `bench/train_step.py` (tiny-grpo-cpu by default) through `train()`
+three times on the first `--devices` devices:
+  sync:        max_async_level 0, one mesh over every device (today's loop);
+  async:       max_async_level 1, rollout_devices N (the sampler's mesh), the trainer the rest;
+  async_shared: max_async_level 1 on the shared mesh (the overlap of reward scoring only,
+               and of whatever the devices run concurrently).
+`--old_logp=recompute` makes the asynchronous runs recompute the old log-probs (the
+trust region then centres on the current policy; one more forward per step).
+Printed per mode: the median step time after `--warmup` steps (`step_time_s`: everything
+the trainer's thread does in a step, including waiting for the rollout), the median time
+the trainer waited for a rollout, and the wall time of the measured steps. The last line
+is JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+import train_step  # noqa: E402  (its flags: --shape, --warmup, --steps)
+
+_DEVICES = flags.DEFINE_integer("devices", 2, "devices the runs use (the first N)")
+_ROLLOUT_DEVICES = flags.DEFINE_integer("rollout_devices", 1, "the sampler's share in 'async'")
+_OLD_LOGP = flags.DEFINE_enum("old_logp", "auto", ["auto", "sampler", "recompute"],
+                               "config.algo.old_logp of the asynchronous runs")
+_MODES = flags.DEFINE_list("modes", ["sync", "async", "async_shared"], "which runs, in order")
+
+
+def run(mode: str, tmp: str) -> dict:
+  import jax
+  from jaxrl_llm import training
+  config = train_step.workload(tmp, train_step._SHAPE.value)
+  warmup, steps = train_step._WARMUP.value, train_step._STEPS.value
+  config.train.steps, config.train.log_every = warmup + steps, 1
+  config.checkpoint.every, config.train.eval_every = 0, 0
+  config.algo.max_async_level = 0 if mode == "sync" else 1
+  config.mesh.rollout_devices = _ROLLOUT_DEVICES.value if mode == "async" else 0
+  if mode != "sync":
+    config.algo.old_logp = _OLD_LOGP.value
+  workdir = tempfile.mkdtemp(dir=tmp)
+  t0 = time.perf_counter()
+  training.train(config, workdir, devices=jax.devices()[:_DEVICES.value])
+  wall = time.perf_counter() - t0
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f][warmup:]
+  med = lambda k: statistics.median(r[k] for r in rows)
+  out = {"mode": mode, "step_time_s": med("step_time_s"), "wait_s": med("sample_time_s"),
+         "logprob_s": med("logprob_time_s"), "update_s": med("update_time_s"),
+         "measured_wall_s": sum(r["step_time_s"] for r in rows), "run_wall_s": wall,
+         "reward_mean_last": rows[-1]["reward_mean"]}
+  if mode != "sync":
+    out["staleness_mean"] = statistics.mean(r["async/staleness_mean"] for r in rows)
+  return out
+
+
+def main(argv):
+  del argv
+  import jax
+  results = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for mode in _MODES.value:
+      r = run(mode, tmp)
+      results.append(r)
+      print(f"{mode:13s} step {r['step_time_s']:.3f} s (waiting for the rollout "
+            f"{r['wait_s']:.3f} s, log-probs {r['logprob_s']:.3f} s, update {r['update_s']:.3f} s)"
+            f" | measured steps {r['measured_wall_s']:.1f} s", flush=True)
+  sync = next((r for r in results if r["mode"] == "sync"), None)
+  if sync is not None:
+    for r in results:
+      r["vs_sync"] = r["step_time_s"] / sync["step_time_s"]
+  print(json.dumps({"devices": _DEVICES.value, "platform": jax.devices()[0].platform,
+                    "rollout_devices": _ROLLOUT_DEVICES.value, "results": results}))
+
+
+if __name__ == "__main__":
+  app.run(main)
