@@ -8,7 +8,9 @@ three times on the first `--devices` devices:
   sync:        max_async_level 0, one mesh over every device (today's loop);
   async:       max_async_level 1, rollout_devices N (the sampler's mesh), the trainer the rest;
   async_shared: max_async_level 1 on the shared mesh (the overlap of reward scoring only,
-               and of whatever the devices run concurrently).
+               and of whatever the devices run concurrently);
+  sync_trainer: max_async_level 0 on the trainer's devices alone (the last N - n): what
+               'async' would cost without any overlap (not in the default modes).
 `--old_logp=recompute` makes the asynchronous runs recompute the old log-probs (the
 trust region then centres on the current policy; one more forward per step).
 Printed per mode: the median step time after `--warmup` steps (`step_time_s`: everything
@@ -46,13 +48,16 @@ def run(mode: str, tmp: str) -> dict:
   warmup, steps = train_step._WARMUP.value, train_step._STEPS.value
   config.train.steps, config.train.log_every = warmup + steps, 1
   config.checkpoint.every, config.train.eval_every = 0, 0
-  config.algo.max_async_level = 0 if mode == "sync" else 1
+  config.algo.max_async_level = 0 if mode.startswith("sync") else 1
   config.mesh.rollout_devices = _ROLLOUT_DEVICES.value if mode == "async" else 0
-  if mode != "sync":
+  if config.algo.max_async_level:
     config.algo.old_logp = _OLD_LOGP.value
   workdir = tempfile.mkdtemp(dir=tmp)
   t0 = time.perf_counter()
-  training.train(config, workdir, devices=jax.devices()[:_DEVICES.value])
+  devices = jax.devices()[:_DEVICES.value]
+  if mode == "sync_trainer":
+    devices = devices[_ROLLOUT_DEVICES.value:]
+  training.train(config, workdir, devices=devices)
   wall = time.perf_counter() - t0
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f][warmup:]
@@ -61,7 +66,7 @@ def run(mode: str, tmp: str) -> dict:
          "logprob_s": med("logprob_time_s"), "update_s": med("update_time_s"),
          "measured_wall_s": sum(r["step_time_s"] for r in rows), "run_wall_s": wall,
          "reward_mean_last": rows[-1]["reward_mean"]}
-  if mode != "sync":
+  if config.algo.max_async_level:
     out["staleness_mean"] = statistics.mean(r["async/staleness_mean"] for r in rows)
   return out
 

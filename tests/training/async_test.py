@@ -41,6 +41,16 @@ class SynchronousTest(absltest.TestCase):
       self.assertEqual(got, want)  # bit for bit, and no new keys
 
 
+  def test_split_placement_without_staleness(self):
+    config = _split_config(0, steps=2)
+    workdir = self.create_tempdir().full_path
+    training.train(config, workdir)
+    rows = read_jsonl(workdir)
+    self.assertEqual([r["step"] for r in rows], [1, 2])
+    self.assertTrue(all(np.isfinite(r["loss"]) and r["reward_mean"] > 0 for r in rows), rows)
+    self.assertNotIn("async/staleness_max", rows[0])
+
+
 class StalenessTest(absltest.TestCase):
 
   def test_versions_within_the_bound(self):
