@@ -2,12 +2,14 @@
 import json
 import os
 import shutil
+from unittest import mock
 
 import jax
 import numpy as np
 from absl.testing import absltest
 
 from jaxrl_llm import training
+from jaxrl_llm.training import validation
 from tests.training import async_configs
 from tests.training.loop_test import comparable, read_jsonl
 
@@ -42,13 +44,16 @@ class SynchronousTest(absltest.TestCase):
 
 
   def test_split_placement_without_staleness(self):
+    # On-policy in float32 the behaviour weights are 1 up to rounding: the mask is a no-op.
     config = _split_config(0, steps=2)
+    config.algo.behaviour_mask.level = "token"
     workdir = self.create_tempdir().full_path
     training.train(config, workdir)
     rows = read_jsonl(workdir)
     self.assertEqual([r["step"] for r in rows], [1, 2])
     self.assertTrue(all(np.isfinite(r["loss"]) and r["reward_mean"] > 0 for r in rows), rows)
     self.assertNotIn("async/staleness_max", rows[0])
+    self.assertEqual([r["behaviour_mask_frac"] for r in rows], [0.0, 0.0])
 
 
 class StalenessTest(absltest.TestCase):
@@ -74,6 +79,26 @@ class StalenessTest(absltest.TestCase):
         self.assertTrue(all(0.0 <= f <= 1.0 for f in fracs), fracs)
       else:
         self.assertNotIn("behaviour_mask_frac", rows[0])
+
+
+class FailureTest(absltest.TestCase):
+
+  def test_an_error_in_the_rollout_thread_stops_the_run(self):
+    config = async_configs.golden_config(steps=4)
+    config.algo.max_async_level = 1
+    config.rewards.functions = ("tests.training.test_rewards:fail_on_third_call",)
+    workdir = self.create_tempdir().full_path
+    with self.assertRaisesRegex(RuntimeError, "the rollout thread failed") as caught:
+      training.train(config, workdir, devices=jax.devices()[:2])
+    self.assertIn("reward service down", str(caught.exception.__cause__))
+    self.assertLen(read_jsonl(workdir), 2)  # the steps before it trained and logged
+
+  def test_several_processes_are_refused(self):
+    config = async_configs.golden_config()
+    config.algo.max_async_level = 1
+    with mock.patch.object(jax, "process_count", return_value=2):
+      with self.assertRaisesRegex(ValueError, r"max_async_level=1 with 2 processes"):
+        validation.validate_config(config)
 
 
 class ResumeTest(absltest.TestCase):

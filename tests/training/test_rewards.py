@@ -16,3 +16,11 @@ def count_lowercase(prompts, completions, **fields):
   """How many lowercase ASCII letters a completion holds: dense enough for a random model."""
   del prompts, fields
   return [float(sum("a" <= ch <= "z" for ch in c)) for c in completions]
+
+
+def fail_on_third_call(prompts, completions, _calls=[0], **fields):  # noqa: B006 -- a counter
+  """Scores like `count_lowercase` twice, then raises: an error inside the rollout thread."""
+  _calls[0] += 1
+  if _calls[0] >= 3:
+    raise RuntimeError("reward service down")
+  return count_lowercase(prompts, completions, **fields)
