@@ -2,6 +2,9 @@
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from unittest import mock
 
 import jax
@@ -11,7 +14,9 @@ from absl.testing import absltest
 from jaxrl_llm import training
 from jaxrl_llm.training import validation
 from tests.training import async_configs
+from jaxrl_llm.training import guards
 from tests.training.loop_test import comparable, read_jsonl
+from tests.training.reliability_test import ROOT, rows, steps_of, wait_for
 
 # Metrics of `async_configs.golden_config()` on 2 CPU devices, written by the trainer at
 # commit ff34889 (before asynchronous rollouts existed).
@@ -123,6 +128,39 @@ class ResumeTest(absltest.TestCase):
     # Step 3's batch is the same prompts, sampled by a newer policy: the same step-3 key,
     # so with version 2 instead of 1 its numbers differ from the uninterrupted run's.
     self.assertNotEqual(resumed[2]["entropy"], rows[2]["entropy"])
+
+
+class PreemptionTest(absltest.TestCase):
+
+  def test_sigterm_checkpoints_and_the_resumed_run_logs_each_step_once(self):
+    workdir = os.path.join(self.create_tempdir().full_path, "run")
+    flags = ("--config=configs/smoke.py", "--config.train.steps=8", "--config.checkpoint.every=0",
+             "--config.algo.max_async_level=1", "--config.mesh.rollout_devices=1")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+
+    def start():
+      return subprocess.Popen([sys.executable, "-m", "launch.train", f"--workdir={workdir}",
+                               *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+
+    proc = start()
+    wait_for(lambda: any(r["step"] >= 1 for r in rows(workdir)), proc, "step 1")
+    proc.send_signal(signal.SIGTERM)
+    log, _ = proc.communicate(timeout=600)
+    self.assertEqual(proc.returncode, guards.PREEMPTED_EXIT_CODE, log[-3000:])
+    last = max(r["step"] for r in rows(workdir))
+    self.assertLess(last, 8)
+    self.assertEqual(steps_of(workdir), [last])  # a checkpoint of the step it stopped after
+    proc = start()
+    log, _ = proc.communicate(timeout=600)
+    self.assertEqual(proc.returncode, 0, log[-3000:])
+    got = rows(workdir)
+    self.assertEqual([r["step"] for r in got], list(range(1, 9)))
+    # The resumed pipeline starts from the checkpoint's policy: version `last` samples the
+    # steps after it, one update stale at most as before.
+    self.assertEqual(got[last]["async/policy_version"], last)
+    self.assertTrue(all(r["async/staleness_max"] <= 1 for r in got))
 
 
 if __name__ == "__main__":
