@@ -1,7 +1,6 @@
 """Asynchronous rollouts: the synchronous loop unchanged, the staleness bound, resume."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from jaxrl_llm import training
 from jaxrl_llm.training import validation
 from tests.training import async_configs
 from jaxrl_llm.training import guards
-from tests.training.loop_test import comparable, read_jsonl
+from tests.training.loop_test import comparable, read_jsonl, resume_from_step_two
 from tests.training.reliability_test import ROOT, rows, steps_of, wait_for
 
 # Metrics of `async_configs.golden_config()` on 2 CPU devices, written by the trainer at
@@ -119,12 +118,7 @@ class ResumeTest(absltest.TestCase):
     training.train(config, first)
     rows = read_jsonl(first)
     self.assertEqual([r["async/policy_version"] for r in rows], [0, 0, 1, 2])
-    second = self.create_tempdir().full_path
-    shutil.copytree(os.path.join(first, "checkpoints", "2"), os.path.join(second, "checkpoints", "2"))
-    with open(os.path.join(second, "metrics.jsonl"), "w") as f:
-      f.writelines(json.dumps(r) + "\n" for r in rows[:2])
-    training.train(config, second)
-    resumed = read_jsonl(second)
+    resumed = resume_from_step_two(config, first, self.create_tempdir().full_path)
     self.assertEqual([r["step"] for r in resumed], [1, 2, 3, 4])  # each step logged once
     # Steps 3 and 4 sample with the checkpoint's policy (version 2), from its data position.
     self.assertEqual([r["async/policy_version"] for r in resumed[2:]], [2, 2])

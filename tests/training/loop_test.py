@@ -26,6 +26,16 @@ def read_jsonl(workdir):
     return [json.loads(line) for line in f]
 
 
+def resume_from_step_two(config, first, second):
+  """Trains `config` in `second`, a workdir holding only `first`'s step-2 checkpoint and its
+  log rows up to step 2; returns the rows `second` ends with."""
+  shutil.copytree(os.path.join(first, "checkpoints", "2"), os.path.join(second, "checkpoints", "2"))
+  with open(os.path.join(second, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in read_jsonl(first)[:2])
+  training.train(config, second)
+  return read_jsonl(second)
+
+
 def comparable(row):
   return {k: v for k, v in row.items() if k not in TIMING}
 
@@ -126,13 +136,7 @@ class ResumeTest(absltest.TestCase):
     training.train(config, first)
     rows = read_jsonl(first)
     self.assertEqual([r["step"] for r in rows], [1, 2, 3, 4])
-    # A second workdir that holds only the step-2 checkpoint and the logs up to step 2.
-    second = self.create_tempdir().full_path
-    shutil.copytree(os.path.join(first, "checkpoints", "2"), os.path.join(second, "checkpoints", "2"))
-    with open(os.path.join(second, "metrics.jsonl"), "w") as f:
-      f.writelines(json.dumps(r) + "\n" for r in rows[:2])
-    training.train(config, second)
-    resumed = read_jsonl(second)
+    resumed = resume_from_step_two(config, first, self.create_tempdir().full_path)
     self.assertEqual([r["step"] for r in resumed], [1, 2, 3, 4])
     for a, b in zip(rows[2:], resumed[2:]):
       a, b = comparable(a), comparable(b)
