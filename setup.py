@@ -7,14 +7,18 @@ setuptools.setup(
     description="JAX-native RL post-training (GRPO, PPO, DAPO, GSPO, ...) for Llama/Qwen models",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=setuptools.find_packages(include=["jaxrl_llm", "jaxrl_llm.*", "configs", "launch"]),
+    # Only `jaxrl_llm`: the repository's configs/ ships inside it as `jaxrl_llm.presets`, so
+    # presets load by name after a plain install (`jaxrl-llm-train --config=grpo`), and no
+    # generic top-level `configs` or `launch` package lands in site-packages.
+    packages=setuptools.find_packages(include=["jaxrl_llm", "jaxrl_llm.*"]) + ["jaxrl_llm.presets"],
+    package_dir={"jaxrl_llm.presets": "configs"},
     # The demo's warm-start checkpoint (HF format + tokenizer), a few MB.
     package_data={"jaxrl_llm": ["assets/*/*"]},
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     # No jax[tpu]/jax[cuda] pin: the same package installs on CPU, GPU and TPU.
     # Add the accelerator extra yourself (see README).
     install_requires=[
-        "jax>=0.6",
+        "jax>=0.10",
         "flax>=0.10",
         "optax",
         "orbax-checkpoint",
@@ -27,7 +31,7 @@ setuptools.setup(
         "tqdm",
         "tensorboardX",
     ],
-    entry_points={"console_scripts": ["jaxrl-llm-train=launch.train:run"]},
+    entry_points={"console_scripts": ["jaxrl-llm-train=jaxrl_llm.cli:run"]},
     extras_require={
         # torch is pinned: 2.13.0 is a CPU wheel on our CI machines; parity tests only.
         "test": ["pytest", "torch==2.13.0", "tensorflow-datasets", "importlib_resources",

@@ -5,8 +5,10 @@
   .venv/bin/python bench/train_step.py --shape=narrow --layers=28   # depth: compile time
   .venv/bin/python bench/train_step.py --config=configs/gspo.py:runlocal --config.train.steps=6
   .venv/bin/python bench/train_step.py --shape=qwen3_0_6b --memory_only   # compile only
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python bench/train_step.py \
+      --config=configs/qwen3_gsm8k.py:tpu_v5e_8,size=1.7b --set=model.path= --memory_only
 
-The default workload is tiny-grpo-cpu, the one `../shared/bench/run_peers.sh` runs on TRL,
+The default workload is tiny-grpo-cpu, the one `bench/peers/run.sh` runs on TRL,
 tunix and this project: a random 4-layer Llama (vocab 512, hidden 256, MLP 768, 4 heads,
 2 kv heads of 64), float32, 8 prompts of 32 characters x G 8, 64 new tokens at temperature 1,
 reward = fraction of 'a' characters, GRPO with a k3 KL of 0.04 to a frozen reference, one
@@ -19,7 +21,12 @@ GPU runs (28 layers, hidden 1024, vocab 151,936, tied, bf16 compute / float32 pa
 Printed: the step's median split (sample, log-probs, update), the model FLOPs of a step
 (`jaxrl_llm.training.flops`) per second against a float32 2048^3 matmul measured in the same
 process, the first step's time (compilation), peak RSS, and XLA's `memory_analysis()` of the
-compiled policy update (its temporaries per token of a micro-batch). The last line is JSON.
+compiled policy update (its temporaries per token of a micro-batch), with what one device
+holds: the train state, the reference, the sampler's KV cache, the update's arguments and
+temporaries, and their sum at the update's peak. `--memory_only` compiles against shapes
+alone (nothing is loaded or allocated), so a model larger than this machine's memory can be
+checked on as many CPU devices as the target has chips (`--set=model.path=` swaps the
+recipe's checkpoint for its `model.arch` shape). The last line is JSON.
 """
 from __future__ import annotations
 
@@ -100,7 +107,7 @@ def workload(tmp: str, shape: str):
 
 def matmul_rate(dtype: str) -> float:
   """A square matmul's FLOP/s on one device (median of 10): float32 2048^3 on a CPU, as
-  ../shared/bench/matmul_jax.py; 8192^3 in the compute dtype on an accelerator."""
+  bench/peers/matmul_jax.py; 8192^3 in the compute dtype on an accelerator."""
   import jax
   import jax.numpy as jnp
   cpu = jax.devices()[0].platform == "cpu"
@@ -117,21 +124,33 @@ def matmul_rate(dtype: str) -> float:
   return 2 * n ** 3 / statistics.median(times)
 
 
+def per_device_bytes(tree) -> int:
+  """Bytes of a tree of arrays (or ShapeDtypeStructs with shardings) on its fullest device."""
+  import jax
+  import numpy as np
+  return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(tree))
+
+
 def policy_step_memory(config, run: bool) -> dict:
   """XLA's memory analysis of the compiled policy update on a minibatch of the config's shapes.
 
-  The minibatch is abstract (shapes and shardings from `prepare`, which does not run), so a
-  large model's update compiles without scoring a batch first; `run` executes it once on zeros.
+  Everything is abstract (shapes and shardings: `training.set_up(abstract=True)`), so a model
+  larger than this machine's memory compiles without loading or scoring anything; `run`
+  places a real state and executes the update once on zeros. Sizes are per device: the
+  compiled program is one device's share of the SPMD program.
   """
   import jax
   import jax.numpy as jnp
   import numpy as np
   from jaxrl_llm import sharding as sh
-  from jaxrl_llm.training import loop, rollout as rollout_lib
-  m = loop.set_up(config)
-  programs = loop.jit_steps(config, m)
+  from jaxrl_llm import training
+  from jaxrl_llm.training import prepare, rollout as rollout_lib, setup as setup_lib
+  setup = training.set_up(config, training.make_plan(config), abstract=not run)
+  m, programs = setup.models, setup.programs
+  state = setup_lib.fresh_state(setup, config.seed) if run else setup.layout
   s, P = config.sampling, config.train.prompts_per_step
-  G, N, S0 = s.num_samples, s.max_new_tokens, max(s.prompt_buckets[0], 1)
+  G, N, S0 = s.num_samples, s.max_new_tokens, max(s.prompt_buckets)  # the longest prompts
   B = P * G
   rollout = rollout_lib.Rollout(
       prompt_tokens=np.ones((P, S0), np.int32), prompt_mask=np.ones((P, S0), np.int32),
@@ -139,13 +158,15 @@ def policy_step_memory(config, run: bool) -> dict:
       logprobs=np.zeros((B, N), np.float32), lengths=np.full(B, N, np.int32),
       truncated=np.zeros(B, bool), rewards=np.arange(B, dtype=np.float32) % 2,
       group_valid=np.ones(P, bool), metrics={}, position=0, prompts=[""] * P, completions=[])
-  raw = loop.place_batch(loop.batch_arrays(rollout, G, False), m.mesh, m.rules)
+  arrays = prepare.batch_arrays(rollout, G, False)
+  rows_all = sh.rows_sharding(B, m.mesh, m.rules)
+  raw = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows_all) for k, x in arrays.items()}
   batch, _ = jax.eval_shape(programs.prepare, raw, m.policy, m.reference, m.value)
   rows = sh.rows_sharding(programs.minibatch_rows, m.mesh, m.rules)
   minibatch = {k: jax.ShapeDtypeStruct((programs.minibatch_rows,) + x.shape[1:], x.dtype,
                                        sharding=rows) for k, x in batch.items()}
   t = time.perf_counter()
-  compiled = programs.policy_update.lower(m.state, minibatch).compile()
+  compiled = programs.policy_update.lower(state, minibatch).compile()
   compile_s = time.perf_counter() - t
   analysis = compiled.memory_analysis()
   micro = min(config.train.micro_batch_size, programs.minibatch_rows)
@@ -153,18 +174,36 @@ def policy_step_memory(config, run: bool) -> dict:
   if run:
     zeros = {k: jax.device_put(jnp.zeros(x.shape, x.dtype), rows) for k, x in minibatch.items()}
     t = time.perf_counter()
-    jax.block_until_ready(compiled(m.state, zeros))
+    jax.block_until_ready(compiled(state, zeros))
     ran = time.perf_counter() - t
+  state_bytes = per_device_bytes(setup.layout)
+  from jaxrl_llm.models import kv_cache
+  cfg = m.policy.config
+  cache_shardings = kv_cache.cache_shardings(cfg, B, N, m.mesh, m.rules)
+  cache = per_device_bytes({k: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype, sharding=cache_shardings[k])
+                            for k, shape in kv_cache.shapes(cfg, B, N).items()})
+  reference = 0 if m.reference is None else per_device_bytes(m.reference.params)
+  # Live at the update's peak: its arguments (the donated state, the minibatch), outputs not
+  # aliased to an argument, its temporaries, and beside it the frozen reference and the KV
+  # buffers the sampler keeps between steps (one slot per new token of every row).
+  peak = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+          - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes + reference + cache)
   return dict(compile_s=compile_s, run_s=ran, temp_bytes=analysis.temp_size_in_bytes,
               argument_bytes=analysis.argument_size_in_bytes,
+              output_bytes=analysis.output_size_in_bytes,
+              alias_bytes=analysis.alias_size_in_bytes,
+              state_bytes=state_bytes, policy_opt_bytes=per_device_bytes(setup.layout.policy_opt),
+              reference_bytes=reference, kv_cache_bytes=cache, peak_bytes=peak,
               temp_bytes_per_token=analysis.temp_size_in_bytes / (micro * (S0 + N)),
-              micro_batch=micro, tokens_per_row=S0 + N, devices=jax.device_count())
+              micro_batch=micro, tokens_per_row=S0 + N, devices=m.mesh.size,
+              mesh=dict(m.mesh.shape))
 
 
 def main(argv):
   del argv
   import jax
-  from jaxrl_llm.training import flops, loop
+  from jaxrl_llm import training
+  from jaxrl_llm.training import flops, setup as setup_lib
   tmp = tempfile.mkdtemp(prefix="train_step_")
   config = _CONFIG.value if _CONFIG.value is not None else workload(tmp, _SHAPE.value)
   if _LAYERS.value:
@@ -194,7 +233,7 @@ def main(argv):
   if not _MEMORY_ONLY.value:
     result["matmul_gflops"] = matmul_rate(config.model.dtype) / 1e9
     t0 = time.perf_counter()
-    loop.train(config, os.path.join(tmp, "workdir"))
+    training.train(config, os.path.join(tmp, "workdir"))
     result["wall_s"] = time.perf_counter() - t0
     rows = [json.loads(line) for line in open(os.path.join(tmp, "workdir", "metrics.jsonl"))]
     rows = [r for r in rows if "step_time_s" in r]
@@ -210,12 +249,12 @@ def main(argv):
                   peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   mean_length=statistics.mean(r["response_length_mean"] for r in measured))
     s, P = config.sampling, config.train.prompts_per_step
+    plan = training.make_plan(config)
     work = flops.step_flops(
-        loop.model_config(config), config.algo, prompts=P, samples=s.num_samples,
+        setup_lib.model_config(config.model), plan.algo, prompts=P, samples=s.num_samples,
         prompt_len=s.prompt_buckets[0], new_tokens=s.max_new_tokens,
-        generated=result["mean_length"] * P * s.num_samples,
-        reference=loop.uses_reference(config.algo), value=loop.uses_value_model(config.algo),
-        recompute_old_logp=config.algo.old_logp == "recompute")
+        generated=result["mean_length"] * P * s.num_samples, reference=plan.reference,
+        value=plan.value_model, recompute_old_logp=plan.old_logp == "recompute")
     result["step_gflop"] = work["total"] / 1e9
     result["gflops"] = work["total"] / result["step_s"] / 1e9
     for p in ("sample", "logprob", "update"):
@@ -243,6 +282,14 @@ def _print(r: dict) -> None:
         f"{p['temp_bytes'] / 2**20:.1f} MiB = {p['temp_bytes_per_token'] / 1024:.1f} KiB/token, "
         f"arguments {p['argument_bytes'] / 2**20:.1f} MiB, compiled in {p['compile_s']:.1f} s"
         + (f", ran in {p['run_s']:.2f} s" if p["run_s"] is not None else ""))
+  gib = lambda key: f"{p[key] / 2**30:.2f}"
+  mesh = " x ".join(f"{k}={v}" for k, v in p["mesh"].items())
+  print(f"per device ({p['devices']} devices, {mesh}), GiB:\n"
+        f"  | train state | of which policy optimizer | reference | sampler KV cache | "
+        f"update arguments | update temporaries | update peak with reference and cache |\n"
+        f"  | {gib('state_bytes')} | {gib('policy_opt_bytes')} | {gib('reference_bytes')} | "
+        f"{gib('kv_cache_bytes')} | {gib('argument_bytes')} | {gib('temp_bytes')} | "
+        f"{gib('peak_bytes')} |")
   print("RESULT " + json.dumps(r))
 
 

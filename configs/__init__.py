@@ -1,1 +1,1 @@
-"""Experiment configs: one `get_config(arg=None)` per file (see common.py)."""
+"""Presets: one experiment per file, `get_config(arg=None)` (see jaxrl_llm/config)."""

@@ -9,7 +9,7 @@ for CISPO after ScaleRL.
 
 Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
 trainer when the model computes in bf16/fp16, where the sampler's decode rounds
-differently and the ratio would start away from 1 (`loop.old_logp_source`).
+differently and the ratio would start away from 1 (`training.plan.resolve_old_logp`).
 
 Run:
   python -m launch.train --config=configs/cispo.py --workdir=/tmp/cispo
@@ -21,21 +21,17 @@ cores, 65 s) took held-out greedy accuracy from 0.637 to 0.859 at step 20 and
 0.922 at step 100; README's "Recipes side by side" has every preset. The default
 tiny random model is for smoke runs.
 """
-from configs import common
+from jaxrl_llm.config import make_preset
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False)
-  config = common.base_config()
-  algo = config.algo
-  algo.advantage.estimator = "grpo"
-  algo.loss.aggregation = "token_mean"
-  algo.loss.ratio = "token"
-  algo.loss.trust_region = "cispo"
-  algo.loss.clip_low = 1.0  # >= 1: no lower bound on the weight
-  algo.loss.clip_high = 3.0  # weight <= 1 + 3 = 4
-  algo.kl.coef = 0.0
-  algo.kl.placement = "none"
-  if arg.runlocal:
-    common.shrink_for_local(config)
-  return common.finalize(config)
+  return make_preset(arg, {
+      "algo.advantage.estimator": "grpo",
+      "algo.loss.aggregation": "token_mean",
+      "algo.loss.ratio": "token",
+      "algo.loss.trust_region": "cispo",
+      "algo.loss.clip_low": 1.0,  # >= 1: no lower bound on the weight
+      "algo.loss.clip_high": 3.0,  # weight <= 1 + 3 = 4
+      "algo.kl.coef": 0.0,
+      "algo.kl.placement": "none",
+  })

@@ -8,7 +8,7 @@ before `max_len` (the paper: 4,096 of 20,480, a fifth); no KL term.
 
 Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
 trainer when the model computes in bf16/fp16, where the sampler's decode rounds
-differently and the ratio would start away from 1 (`loop.old_logp_source`).
+differently and the ratio would start away from 1 (`training.plan.resolve_old_logp`).
 
 Run:
   python -m launch.train --config=configs/dapo.py --workdir=/tmp/dapo
@@ -20,27 +20,23 @@ cores, 67 s) took held-out greedy accuracy from 0.637 to 0.879 at step 20 and
 0.910 at step 100; README's "Recipes side by side" has every preset. The default
 tiny random model is for smoke runs.
 """
-from configs import common
+from jaxrl_llm.config import make_preset, ref
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False)
-  config = common.base_config()
-  algo = config.algo
-  algo.advantage.estimator = "grpo"
-  algo.loss.aggregation = "token_mean"
-  algo.loss.ratio = "token"
-  algo.loss.trust_region = "clip"
-  algo.loss.clip_low = 0.2
-  algo.loss.clip_high = 0.28  # clip-higher: room for low-probability tokens to rise
-  algo.kl.coef = 0.0
-  algo.kl.placement = "none"
-  algo.dynamic_sampling.enabled = True
-  algo.dynamic_sampling.max_rounds = 3
-  algo.overlong.enabled = True
-  # overlong.max_len follows sampling.max_new_tokens (common.algo_config).
-  algo.overlong.cache_len = config.sampling.get_ref("max_new_tokens") // 5
-  algo.overlong.mask_truncated = False  # the paper's final recipe shapes, not filters
-  if arg.runlocal:
-    common.shrink_for_local(config)
-  return common.finalize(config)
+  return make_preset(arg, {
+      "algo.advantage.estimator": "grpo",
+      "algo.loss.aggregation": "token_mean",
+      "algo.loss.ratio": "token",
+      "algo.loss.trust_region": "clip",
+      "algo.loss.clip_low": 0.2,
+      "algo.loss.clip_high": 0.28,  # clip-higher: room for low-probability tokens to rise
+      "algo.kl.coef": 0.0,
+      "algo.kl.placement": "none",
+      "algo.dynamic_sampling.enabled": True,
+      "algo.dynamic_sampling.max_rounds": 3,
+      "algo.overlong.enabled": True,
+      # overlong.max_len follows sampling.max_new_tokens (the schema's default).
+      "algo.overlong.cache_len": ref("sampling.max_new_tokens") // 5,
+      "algo.overlong.mask_truncated": False,  # the paper's final recipe shapes, not filters
+  })

@@ -7,7 +7,7 @@ length; no KL term.
 
 Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
 trainer when the model computes in bf16/fp16, where the sampler's decode rounds
-differently and the ratio would start away from 1 (`loop.old_logp_source`).
+differently and the ratio would start away from 1 (`training.plan.resolve_old_logp`).
 
 Run:
   python -m launch.train --config=configs/dr_grpo.py --workdir=/tmp/dr_grpo
@@ -19,23 +19,19 @@ cores, 56 s) took held-out greedy accuracy from 0.637 to 0.867 at step 20 and
 0.918 at step 100; README's "Recipes side by side" has every preset. The default
 tiny random model is for smoke runs.
 """
-from configs import common
+from jaxrl_llm.config import make_preset, ref
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False)
-  config = common.base_config()
-  algo = config.algo
-  algo.advantage.estimator = "dr_grpo"
-  algo.loss.aggregation = "seq_mean_token_sum_norm"
-  # Follows sampling.max_new_tokens, also when that is overridden.
-  algo.loss.norm_length = config.sampling.get_ref("max_new_tokens")
-  algo.loss.ratio = "token"
-  algo.loss.trust_region = "clip"
-  algo.loss.clip_low = 0.2
-  algo.loss.clip_high = 0.2
-  algo.kl.coef = 0.0
-  algo.kl.placement = "none"
-  if arg.runlocal:
-    common.shrink_for_local(config)
-  return common.finalize(config)
+  return make_preset(arg, {
+      "algo.advantage.estimator": "dr_grpo",
+      "algo.loss.aggregation": "seq_mean_token_sum_norm",
+      # Follows sampling.max_new_tokens, also when that is overridden.
+      "algo.loss.norm_length": ref("sampling.max_new_tokens"),
+      "algo.loss.ratio": "token",
+      "algo.loss.trust_region": "clip",
+      "algo.loss.clip_low": 0.2,
+      "algo.loss.clip_high": 0.2,
+      "algo.kl.coef": 0.0,
+      "algo.kl.placement": "none",
+  })

@@ -8,7 +8,7 @@ the mean over responses); GRPO advantages; no KL.
 
 Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
 trainer when the model computes in bf16/fp16, where the sampler's decode rounds
-differently and the ratio would start away from 1 (`loop.old_logp_source`).
+differently and the ratio would start away from 1 (`training.plan.resolve_old_logp`).
 
 Run:
   python -m launch.train --config=configs/gmpo.py --workdir=/tmp/gmpo
@@ -20,21 +20,17 @@ cores, 65 s) took held-out greedy accuracy from 0.637 to 0.844 at step 20 and
 0.910 at step 100; README's "Recipes side by side" has every preset. The default
 tiny random model is for smoke runs.
 """
-from configs import common
+from jaxrl_llm.config import make_preset
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False)
-  config = common.base_config()
-  algo = config.algo
-  algo.advantage.estimator = "grpo"
-  algo.loss.aggregation = "seq_mean_token_mean"  # = mean over responses for gmpo
-  algo.loss.ratio = "token"
-  algo.loss.trust_region = "gmpo"
-  algo.loss.clip_low = 0.4  # log space: ρ >= e^-0.4
-  algo.loss.clip_high = 0.4  # log space: ρ <= e^0.4
-  algo.kl.coef = 0.0
-  algo.kl.placement = "none"
-  if arg.runlocal:
-    common.shrink_for_local(config)
-  return common.finalize(config)
+  return make_preset(arg, {
+      "algo.advantage.estimator": "grpo",
+      "algo.loss.aggregation": "seq_mean_token_mean",  # = mean over responses for gmpo
+      "algo.loss.ratio": "token",
+      "algo.loss.trust_region": "gmpo",
+      "algo.loss.clip_low": 0.4,  # log space: ρ >= e^-0.4
+      "algo.loss.clip_high": 0.4,  # log space: ρ <= e^0.4
+      "algo.kl.coef": 0.0,
+      "algo.kl.placement": "none",
+  })

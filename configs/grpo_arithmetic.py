@@ -22,12 +22,10 @@ random stream) reached 0.914: on the
 problems that need a carry greedy accuracy went from 0.09 to 0.87, on the others from
 0.975 to 0.943.
 """
-from configs import arithmetic
-from configs import common
-from configs import grpo
+from jaxrl_llm import config as config_lib
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, steps=200, runlocal=False)
-  config = arithmetic.apply(grpo.get_config(), arg.steps, arg.runlocal)
-  return config
+  arg = config_lib.parse_arg(arg, steps=200, runlocal=False)
+  arithmetic = config_lib.presets.load_module("arithmetic")
+  return arithmetic.apply(config_lib.preset("grpo"), arg.steps, arg.runlocal)

@@ -9,7 +9,7 @@ acts. Set `algo.loss.ratio = 'sequence_token'` for GSPO-token.
 
 Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
 trainer when the model computes in bf16/fp16, where the sampler's decode rounds
-differently and the ratio would start away from 1 (`loop.old_logp_source`).
+differently and the ratio would start away from 1 (`training.plan.resolve_old_logp`).
 
 Run:
   python -m launch.train --config=configs/gspo.py --workdir=/tmp/gspo
@@ -21,23 +21,18 @@ cores, 65 s) took held-out greedy accuracy from 0.637 to 0.871 at step 20 and
 0.875 at step 100; README's "Recipes side by side" has every preset. The default
 tiny random model is for smoke runs.
 """
-from configs import common
+from jaxrl_llm.config import make_preset
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False)
-  config = common.base_config()
-  algo = config.algo
-  algo.advantage.estimator = "grpo"
-  algo.loss.aggregation = "seq_mean_token_mean"
-  algo.loss.ratio = "sequence"
-  algo.loss.trust_region = "clip"
-  algo.loss.clip_low = 3e-4
-  algo.loss.clip_high = 4e-4
-  algo.kl.coef = 0.0
-  algo.kl.placement = "none"
-  algo.num_minibatches = 4
-  if arg.runlocal:
-    common.shrink_for_local(config)
-    config.algo.num_minibatches = 2
-  return common.finalize(config)
+  return make_preset(arg, {
+      "algo.advantage.estimator": "grpo",
+      "algo.loss.aggregation": "seq_mean_token_mean",
+      "algo.loss.ratio": "sequence",
+      "algo.loss.trust_region": "clip",
+      "algo.loss.clip_low": 3e-4,
+      "algo.loss.clip_high": 4e-4,
+      "algo.kl.coef": 0.0,
+      "algo.kl.placement": "none",
+      "algo.num_minibatches": 4,
+  }, local={"algo.num_minibatches": 2})

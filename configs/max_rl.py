@@ -7,7 +7,7 @@ succeeds (mean 0) gets zero advantage. Every other axis is GRPO's (configs/grpo.
 
 Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
 trainer when the model computes in bf16/fp16, where the sampler's decode rounds
-differently and the ratio would start away from 1 (`loop.old_logp_source`).
+differently and the ratio would start away from 1 (`training.plan.resolve_old_logp`).
 
 Run:
   python -m launch.train --config=configs/max_rl.py --workdir=/tmp/max_rl
@@ -19,12 +19,8 @@ cores, 77 s) took held-out greedy accuracy from 0.637 to 0.875 at step 20 and
 0.926 at step 100; README's "Recipes side by side" has every preset. The default
 tiny random model is for smoke runs.
 """
-from configs import common
-from configs import grpo
+from jaxrl_llm.config import make_preset
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False)
-  config = grpo.get_config("runlocal" if arg.runlocal else None)
-  config.algo.advantage.estimator = "max_rl"
-  return config
+  return make_preset(arg, {"algo.advantage.estimator": "max_rl"}, base="grpo")

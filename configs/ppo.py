@@ -8,7 +8,7 @@ defaults (γ = 1, λ = 0.95, whitened advantages, value clip 0.2, vf_coef 0.1,
 
 Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
 trainer when the model computes in bf16/fp16, where the sampler's decode rounds
-differently and the ratio would start away from 1 (`loop.old_logp_source`).
+differently and the ratio would start away from 1 (`training.plan.resolve_old_logp`).
 
 Run:
   python -m launch.train --config=configs/ppo.py --workdir=/tmp/ppo
@@ -20,33 +20,27 @@ cores, 471 s while sharing them with other work, 275 s on idle cores) took held-
 accuracy from 0.637 to 0.895 at step 20 and 0.879 at step 100; README's "Recipes side by side" has every preset. The default
 tiny random model is for smoke runs.
 """
-from configs import common
+from jaxrl_llm.config import make_preset
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False)
-  config = common.base_config()
-  config.sampling.num_samples = 1
-  config.train.prompts_per_step = 128  # same B = P·G as the group presets
-  algo = config.algo
-  algo.advantage.estimator = "gae"
-  algo.advantage.gamma = 1.0
-  algo.advantage.lam = 0.95
-  algo.advantage.whiten = True
-  algo.loss.aggregation = "token_mean"
-  algo.loss.ratio = "token"
-  algo.loss.trust_region = "clip"
-  algo.loss.clip_low = 0.2
-  algo.loss.clip_high = 0.2
-  algo.value.coef = 0.1
-  algo.value.value_clip = 0.2
-  algo.kl.coef = 0.05
-  algo.kl.estimator = "k1"
-  algo.kl.placement = "reward"
-  algo.num_iterations = 4
-  if arg.runlocal:
-    common.shrink_for_local(config)
-    config.sampling.num_samples = 1
-    config.train.prompts_per_step = 8
-    config.algo.num_iterations = 2
-  return common.finalize(config)
+  return make_preset(arg, {
+      "sampling.num_samples": 1,
+      "train.prompts_per_step": 128,  # same B = P·G as the group presets
+      "algo.advantage.estimator": "gae",
+      "algo.advantage.gamma": 1.0,
+      "algo.advantage.lam": 0.95,
+      "algo.advantage.whiten": True,
+      "algo.loss.aggregation": "token_mean",
+      "algo.loss.ratio": "token",
+      "algo.loss.trust_region": "clip",
+      "algo.loss.clip_low": 0.2,
+      "algo.loss.clip_high": 0.2,
+      "algo.value.coef": 0.1,
+      "algo.value.value_clip": 0.2,
+      "algo.kl.coef": 0.05,
+      "algo.kl.estimator": "k1",
+      "algo.kl.placement": "reward",
+      "algo.num_iterations": 4,
+  }, local={"sampling.num_samples": 1, "train.prompts_per_step": 8,
+            "algo.num_iterations": 2})

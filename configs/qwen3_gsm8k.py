@@ -7,12 +7,14 @@ accuracy on GSM8K's test split. The variants set the mesh, the batch and the
 micro-batches for one hardware; the algorithm and lengths are the same on all three.
 
 Set-up (once; nothing downloads at run time):
-  huggingface-cli download Qwen/Qwen3-0.6B --local-dir Qwen3-0.6B     # or Qwen/Qwen3-1.7B
+  hf download Qwen/Qwen3-0.6B --local-dir Qwen3-0.6B     # or Qwen/Qwen3-1.7B (huggingface_hub)
   python -m launch.prepare_gsm8k --tfds_data_dir=$HOME/tensorflow_datasets --output_dir=gsm8k
   # or --gsm8k_jsonl_dir=grade-school-math/grade_school_math/data (openai/grade-school-math)
 
-Run:  (from the directory holding Qwen3-0.6B/ and gsm8k/; elsewhere set
-      --config.model.path and --config.data.source='jsonl:DIR/{split}.jsonl', gs:// too)
+Run:  (from the repository root, with Qwen3-0.6B/ and gsm8k/ made there: the paths are
+      relative to the working directory; elsewhere set --config.model.path and
+      --config.data.source='jsonl:DIR/{split}.jsonl', gs:// too. A TPU slice from an empty
+      Google Cloud project: docs/tpu.md)
   python -m launch.train --config=configs/qwen3_gsm8k.py:gpu_1,size=0.6b --workdir=/tmp/q06
   python -m launch.train --config=configs/qwen3_gsm8k.py:tpu_v5e_8,size=1.7b --workdir=/tmp/q17
   python launch/tpu_pod.py train --name=pod --zone=us-east5-a --accelerator=v5p-32 \
@@ -28,22 +30,38 @@ tested: every variant passes `validate_config` on its device count (1, 8, 16 and
 v5e-16's 16 devices on 4 processes), the mesh divides the Qwen3 shapes it shards, and
 `runlocal` trains two steps end to end on a tiny random Qwen3 checkpoint with a chat
 template and GSM8K records (tests/qwen3_gsm8k_config_test.py). The memory figures
-below are arithmetic, not measurements; please report a run.
+below come from compiling the programs, not from running them; please report a run.
 
-Memory (the arithmetic behind the sizes). Parameters stay float32 (`param_dtype`) and
-compute runs in bf16; per parameter the trainer holds the policy (4 B), its gradient
-accumulator and gradient (8 B), Adam's two moments (8 B) and the frozen reference for
-the KL term (4 B): 24 B, i.e. 14 GB for 0.6B (596M parameters) and 41 GB for 1.7B
-(1.72B), divided by the mesh axes the parameters shard over (fsdp x tensor). Sampling
-adds the weights cast to bf16 and gathered over fsdp (1.2 GB / 3.4 GB) and the KV cache,
-28 layers x 2 x 8 KV heads x 128 x 2 B = 115 kB per token, for P x G rows of
-max_prompt_len + max_new_tokens = 896 tokens: 103 MB per row, split over the batch
-shards (and over tensor). Training with `remat='full'` keeps one bf16 [rows, 896, D]
-input per layer and recomputes the rest; the largest transient is a log-prob chunk of
-rows x logprob_chunk_size x 151,936 float32 logits.
+Memory per device, from XLA's memory analysis of the compiled programs (compiled on CPU
+devices standing in for the chips; nothing allocated), GiB:
+
+  variant, size         | state | reference | KV cache | update temps | peak
+  gpu_1, 0.6b           |  6.66 |      2.22 |     7.00 |        10.78 | 26.7
+  gpu_1, 1.7b           | 19.23 |      6.41 |     7.00 |        22.30 | 54.9
+  tpu_v5e_8, 0.6b       |  0.83 |      0.28 |     1.75 |         3.41 |  6.3
+  tpu_v5e_8, 1.7b       |  2.40 |      0.80 |     1.75 |         6.29 | 11.2
+  tpu_v5p_32, 0.6b      |  1.67 |      0.56 |     3.50 |         6.39 | 12.1
+  tpu_v5p_32, 1.7b      |  4.81 |      1.60 |     3.50 |        11.52 | 21.4
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/train_step.py \
+      --config=configs/qwen3_gsm8k.py:tpu_v5e_8,size=1.7b --set=model.path= --memory_only
+
+(1 device for gpu_1, 16 for tpu_v5p_32). State: float32 parameters (4 B each) and Adam's
+two moments (8 B), each sharded like its parameter over fsdp x tensor; reference: the
+frozen float32 copy for the KL term; KV cache: the bf16 buffers the sampler keeps between
+steps (28 layers x 8 KV heads x 128 x 2 x 2 B = 112 KiB per token, one slot per new token
+of each of the P x G rows, split over the batch shards and tensor); update temps: the
+compiled update's own (gradient accumulator, remat'd layer inputs, a log-prob chunk of
+micro-batch x logprob_chunk_size x 151,936 float32 logits) for the longest prompt
+bucket; peak: state, minibatch, temps, reference and cache together. An accelerator's
+compiler lays temporaries out differently; please report measured figures.
+
+GPU: JAX preallocates 75% of the GPU's memory by default (60 GB of 80); gpu_1 with 1.7B
+peaks at ~55 GiB (59 GB) before the sampler's own temporaries, so raise the fraction:
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m launch.train \
+      --config=configs/qwen3_gsm8k.py:gpu_1,size=1.7b --workdir=/tmp/q17
 """
-from configs import common
-from configs import grpo
+from jaxrl_llm import config as config_lib
 
 SIZES = ("0.6b", "1.7b")
 HARDWARE = ("gpu_1", "tpu_v5e_8", "tpu_v5p_32")
@@ -62,23 +80,20 @@ def _hardware(config, hardware: str, size: str) -> None:
   """Mesh, batch and micro-batches for one machine (rows = prompts_per_step x G = 8)."""
   mesh, train = config.mesh, config.train
   if hardware == "gpu_1":
-    # 1.7B: 41 GB of state + 3.4 GB of bf16 weights + the KV cache of 128 rows (13 GB)
-    # + chunk logits of 16 rows (16 x 128 x 151,936 x 4 B = 1.2 GB, a few copies): ~60 GB
-    # of 80. 0.6B: ~30 GB.
+    # One 80 GB GPU: 55 GiB at the update's peak for 1.7B (27 GiB for 0.6B); 1.7B needs
+    # XLA_PYTHON_CLIENT_MEM_FRACTION above JAX's default 0.75 (see the docstring).
     mesh.update(data=-1, fsdp=1, tensor=1)  # -1: the one device
     train.prompts_per_step, train.micro_batch_size, train.logprob_chunk_size = 16, 16, 128
   elif hardware == "tpu_v5e_8":
-    # 16 GB chips. 0.6B: fsdp=8, 14.3/8 = 1.8 GB of state + bf16 weights gathered for
-    # decoding (1.2 GB) + a 256-row KV cache over 8 batch shards (3.3 GB): ~6.5 GB.
-    # 1.7B over fsdp alone: 5.2 + 3.4 + 3.3 = 12 GB, too close to 16 with the compiler's
-    # temporaries; fsdp=4 x tensor=2 keeps the state at 5.2 GB, halves the gathered copy
-    # and splits the KV heads: ~10 GB. data=-1 takes the rest (2 on a v5litepod-16).
+    # 16 GB chips. 0.6B over fsdp=8: 6.3 GiB at the peak. 1.7B over fsdp=4 x tensor=2:
+    # 11.2 GiB (tensor also splits the KV heads and the gathered decode weights); fsdp=8
+    # alone would gather every layer's whole weights on each chip. data=-1 takes the rest
+    # (2 on a v5litepod-16).
     mesh.update(data=-1, fsdp=8 if size == "0.6b" else 4, tensor=1 if size == "0.6b" else 2)
     train.prompts_per_step, train.micro_batch_size, train.logprob_chunk_size = 32, 32, 128
   else:  # tpu_v5p_32: 16 chips of 95 GB
-    # fsdp=4 within a host, data=4 across hosts: 1.7B holds 41/4 = 10 GB of state + 3.4 GB
-    # gathered + a 1,024-row KV cache over 16 shards (6.6 GB): ~20 GB of 95, room for
-    # 128-row micro-batches (8 per chip) and 256-position log-prob chunks (1.2 GB).
+    # fsdp=4 within a host, data=4 across hosts: 1.7B peaks at 21 GiB of 95 with 128-row
+    # micro-batches (8 per chip) and 256-position log-prob chunks.
     mesh.update(data=-1, fsdp=4, tensor=1)
     train.prompts_per_step, train.micro_batch_size, train.logprob_chunk_size = 128, 128, 256
   train.steps = TRAIN_PROMPTS // train.prompts_per_step
@@ -87,13 +102,13 @@ def _hardware(config, hardware: str, size: str) -> None:
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, size="0.6b", runlocal=False, **{h: False for h in HARDWARE})
+  arg = config_lib.parse_arg(arg, size="0.6b", runlocal=False, **{h: False for h in HARDWARE})
   if arg.size not in SIZES:
     raise ValueError(f"size={arg.size!r}: expected one of {', '.join(SIZES)}")
   chosen = [h for h in HARDWARE if arg[h]]
   if len(chosen) > 1:
     raise ValueError(f"{' and '.join(chosen)}: expected at most one of {', '.join(HARDWARE)}")
-  config = grpo.get_config()  # the GRPO axes, unchanged
+  config = config_lib.preset("grpo")  # the GRPO axes, unchanged
 
   m = config.model
   m.path = f"Qwen3-{arg.size.upper()}"  # a local HF directory (or gs://); see the docstring
@@ -124,6 +139,6 @@ def get_config(arg=None):
 
   _hardware(config, next(iter(chosen), "gpu_1"), arg.size)
   if arg.runlocal:
-    common.shrink_for_local(config)
+    config_lib.shrink_for_local(config)
     s.max_prompt_len, s.prompt_buckets = 384, (384,)  # whole GSM8K prompts, one compile
-  return common.finalize(config)
+  return config_lib.finalize(config)

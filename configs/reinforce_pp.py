@@ -8,7 +8,7 @@ PPO token clip 0.2, token-mean loss.
 
 Old log-probs (`algo.old_logp = "auto"`): the sampler's in float32; recomputed by the
 trainer when the model computes in bf16/fp16, where the sampler's decode rounds
-differently and the ratio would start away from 1 (`loop.old_logp_source`).
+differently and the ratio would start away from 1 (`training.plan.resolve_old_logp`).
 
 Run:
   python -m launch.train --config=configs/reinforce_pp.py --workdir=/tmp/reinforce_pp
@@ -20,23 +20,19 @@ cores, 75 s) took held-out greedy accuracy from 0.637 to 0.863 at step 20 and
 0.918 at step 100; README's "Recipes side by side" has every preset. The default
 tiny random model is for smoke runs.
 """
-from configs import common
+from jaxrl_llm.config import make_preset
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False)
-  config = common.base_config()
-  algo = config.algo
-  algo.advantage.estimator = "reinforce_pp"
-  algo.advantage.gamma = 1.0
-  algo.loss.aggregation = "token_mean"
-  algo.loss.ratio = "token"
-  algo.loss.trust_region = "clip"
-  algo.loss.clip_low = 0.2
-  algo.loss.clip_high = 0.2
-  algo.kl.coef = 0.01  # OpenRLHF's REINFORCE++ examples
-  algo.kl.estimator = "k1"
-  algo.kl.placement = "reward"
-  if arg.runlocal:
-    common.shrink_for_local(config)
-  return common.finalize(config)
+  return make_preset(arg, {
+      "algo.advantage.estimator": "reinforce_pp",
+      "algo.advantage.gamma": 1.0,
+      "algo.loss.aggregation": "token_mean",
+      "algo.loss.ratio": "token",
+      "algo.loss.trust_region": "clip",
+      "algo.loss.clip_low": 0.2,
+      "algo.loss.clip_high": 0.2,
+      "algo.kl.coef": 0.01,  # OpenRLHF's REINFORCE++ examples
+      "algo.kl.estimator": "k1",
+      "algo.kl.placement": "reward",
+  })

@@ -19,22 +19,18 @@ cores, 73 s) took held-out greedy accuracy from 0.637 to 0.859 at step 20 and
 0.918 at step 100; README's "Recipes side by side" has every preset. The default
 tiny random model is for smoke runs.
 """
-from configs import common
+from jaxrl_llm.config import make_preset
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False)
-  config = common.base_config()
-  algo = config.algo
-  algo.advantage.estimator = "rloo"
-  algo.loss.aggregation = "seq_mean_token_sum"
-  algo.loss.ratio = "none"
-  algo.loss.trust_region = "none"
-  algo.kl.coef = 0.05
-  algo.kl.estimator = "k1"
-  algo.kl.placement = "reward"
-  algo.num_iterations = 1  # on-policy: the surrogate has no importance ratio
-  algo.num_minibatches = 1
-  if arg.runlocal:
-    common.shrink_for_local(config)
-  return common.finalize(config)
+  return make_preset(arg, {
+      "algo.advantage.estimator": "rloo",
+      "algo.loss.aggregation": "seq_mean_token_sum",
+      "algo.loss.ratio": "none",
+      "algo.loss.trust_region": "none",
+      "algo.kl.coef": 0.05,
+      "algo.kl.estimator": "k1",
+      "algo.kl.placement": "reward",
+      "algo.num_iterations": 1,  # on-policy: the surrogate has no importance ratio
+      "algo.num_minibatches": 1,
+  })

@@ -13,23 +13,22 @@ this machine): configs/sft_arithmetic.py, this preset on `a+b=` demonstrations, 
 a batch loss of 0.079 and held-out greedy accuracy 0.637 after 3000 steps (its docstring
 has the curve). The default tiny random model is for smoke runs.
 """
-from configs import common
+from jaxrl_llm.config import make_preset
+
+CHANGES = {
+    "sampling.num_samples": 1,  # one target per prompt
+    "data.completions": "dataset",  # targets from the records, not from sampling
+    "algo.advantage.estimator": "constant",
+    "algo.loss.aggregation": "token_mean",
+    "algo.loss.ratio": "none",
+    "algo.loss.trust_region": "none",
+    "algo.kl.coef": 0.0,
+    "algo.kl.placement": "none",
+}
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False)
-  config = common.base_config()
-  config.sampling.num_samples = 1  # one target per prompt
-  config.data.completions = "dataset"  # targets from the records, not from sampling
-  algo = config.algo
-  algo.advantage.estimator = "constant"
-  algo.loss.aggregation = "token_mean"
-  algo.loss.ratio = "none"
-  algo.loss.trust_region = "none"
-  algo.kl.coef = 0.0
-  algo.kl.placement = "none"
-  if arg.runlocal:
-    common.shrink_for_local(config)
-    config.sampling.num_samples = 1
-    config.train.prompts_per_step = 8  # one row per prompt: 8 rows split over 8 devices
-  return common.finalize(config)
+  return make_preset(arg, CHANGES, local={
+      "sampling.num_samples": 1,
+      "train.prompts_per_step": 8,  # one row per prompt: 8 rows split over 8 devices
+  })

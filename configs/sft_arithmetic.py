@@ -25,11 +25,10 @@ shipped model: greedy 0.637 (0.975 on the 62% of problems with no carry, 0.092 o
 sample is right 32% of the time on carry problems. With lr 3e-3 (1500 steps) the loss
 stayed above 0.8 and accuracy below 0.09.
 """
-from configs import common
-from configs import sft
+from jaxrl_llm import config as config_lib
 
-# The demo's task: two operands in [0, 30], + or -; answers from -30 to 60.
-TASK_OPTIONS = dict(min_operands=2, max_operands=2, max_value=30, operators="+-", num_eval=256)
+# The demo's task (configs/arithmetic.py): two operands in [0, 30], + or -.
+TASK_OPTIONS = config_lib.presets.load_module("arithmetic").TASK_OPTIONS
 # The sloppy teacher: forgets a needed carry/borrow in 60% of its demonstrations.
 TEACHER_CARRY_ERROR = 0.6
 # A character-level vocabulary (99 symbols) padded to 128.
@@ -39,8 +38,8 @@ ARCH = dict(model_type="llama", vocab_size=128, hidden_size=128, intermediate_si
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, steps=3000, runlocal=False)
-  config = sft.get_config()
+  arg = config_lib.parse_arg(arg, steps=3000, runlocal=False)
+  config = config_lib.preset("sft")
   config.unlock()
   config.model.arch.update(ARCH)
   config.data.source = "task:arithmetic"
@@ -60,4 +59,4 @@ def get_config(arg=None):
   config.checkpoint.every = 0
   if arg.runlocal:
     config.train.steps, config.train.prompts_per_step, config.train.eval_every = 2, 8, 0
-  return common.finalize(config)
+  return config_lib.finalize(config)

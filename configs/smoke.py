@@ -9,14 +9,12 @@ Run:
 Hardware: CPU (any).
 Expected result: two steps finish with finite loss; no learning is expected.
 """
-from configs import common
-from configs import grpo
+from jaxrl_llm.config import make_preset
 
 
 def get_config(arg=None):
-  common.parse_arg(arg)  # takes no arguments; rejects any
-  config = grpo.get_config("runlocal")
-  config.optimizer.lr = 1e-4  # a tiny random model; make the two steps visible
-  config.train.log_every = 1
-  config.checkpoint.every = 2
-  return config
+  return make_preset(arg, {
+      "optimizer.lr": 1e-4,  # a tiny random model; make the two steps visible
+      "train.log_every": 1,
+      "checkpoint.every": 2,
+  }, base="grpo:runlocal", runlocal=False)  # already local; takes no argument

@@ -21,10 +21,7 @@ class Checkpointer:
   """Every `every` steps into `DIR/checkpoints`, keeping the newest `keep`."""
 
   def __init__(self, workdir: str, ckpt_cfg):
-    if ckpt_cfg.every < 0:
-      raise ValueError(f"config.checkpoint.every={ckpt_cfg.every}: expected >= 0 (0 = only at the end)")
-    if ckpt_cfg.keep < 1:
-      raise ValueError(f"config.checkpoint.keep={ckpt_cfg.keep}: expected >= 1")
+    """`ckpt_cfg`: a validated `config.checkpoint` (`jaxrl_llm.config.validate`)."""
     self.every = int(ckpt_cfg.every)
     self.manager = ocp.CheckpointManager(
         paths.absolute(paths.join(workdir, "checkpoints")),  # gs:// is orbax's own
@@ -58,7 +55,3 @@ class Checkpointer:
     self.manager.wait_until_finished()
     self.manager.close()
 
-
-def abstract_of(tree):
-  """ShapeDtypeStructs (with shardings) of a tree of arrays: the restore target."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)

@@ -5,8 +5,10 @@ metrics.jsonl, the HF export, `model.path` and tokenizer directories, JSONL data
 Paths stay strings. A local path is handled as before, with the standard library; a
 gs:// URL goes through `etils.epath` (what orbax uses for its own files) on its fsspec
 backend, gcsfs (`pip install 'jaxrl_llm[gcs]'`). epath would switch to tf.io.gfile
-whenever tensorflow happens to be installed; EPATH_USE_TF=false, set here unless the
-environment sets it, keeps the backend the same on every machine. orbax writes its
+whenever tensorflow happens to be installed; EPATH_USE_TF=false, set on the first gs://
+path handled here unless the environment sets it (epath decides its backend once, at
+its first gs:// path: a run's first is the workdir check's or the model's, both
+here), keeps the backend the same on every machine. orbax writes its
 arrays through tensorstore's own GCS driver; TensorBoard events go through
 tensorboardX's (google-cloud-storage).
 
@@ -37,8 +39,6 @@ import shutil
 import tempfile
 from typing import IO, Iterator
 
-os.environ.setdefault("EPATH_USE_TF", "false")  # before epath picks a backend (cached)
-
 REMOTE_PREFIX = "gs://"
 _MANIFEST = ".jaxrl_llm_source.json"
 
@@ -61,6 +61,7 @@ def _epath(path: str):
   except ImportError as e:
     raise ImportError(f"{path!r}: gs:// paths need gcsfs; install it with "
                       "`pip install 'jaxrl_llm[gcs]'`") from e
+  os.environ.setdefault("EPATH_USE_TF", "false")  # see the module docstring
   from etils import epath  # pylint: disable=g-import-not-at-top
   return epath.Path(path)
 

@@ -3,9 +3,11 @@
 Every array that lives on devices (policy, reference and value parameters, optimizer
 state, KV caches, batches) names its dimensions with the logical axes below. A table of
 rules (`config.mesh.rules`) maps each logical axis to zero, one or several mesh axes
-(`data`, `fsdp`, `tensor`). A dimension whose size the mesh axes do not divide, or whose
-mesh axes an earlier dimension of the same array already uses, stays replicated: tiny
-test models with odd sizes still run on any mesh.
+(`data`, `fsdp`, `tensor`). A mesh axis shards an array's dimension only where it
+divides it, and at most once per array. A parameter dimension that the rules put on a
+mesh axis that does not divide it stays replicated over that axis, and the set-up says so
+once per parameter and axis (a warning naming both): the run is correct, but that
+parameter's memory is not split as the rules ask (tiny test models with odd sizes).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+from absl import logging
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -136,12 +139,16 @@ def _rules_table(rules: Rules) -> dict[str, tuple[str, ...]]:
   return table
 
 
+_WARNED: set[tuple[str, str]] = set()  # (array, mesh axis) pairs already reported
+
+
 def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
-                    rules: Rules) -> PartitionSpec:
+                    rules: Rules, *, what: str | None = None) -> PartitionSpec:
   """PartitionSpec for one array: each dimension's logical name through the rules.
 
   A mesh axis is used at most once per array, and only where it divides the dimension;
-  otherwise that dimension is replicated over it.
+  otherwise that dimension is replicated over it, with a warning (once) when `what`
+  names the array (a parameter).
   """
   if len(names) != len(shape):
     raise ValueError(f"logical axes {tuple(names)} do not match an array of shape {tuple(shape)}")
@@ -152,7 +159,15 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mes
     chosen = []
     for axis in table.get(name, ()) if name is not None else ():
       n = mesh.shape[axis]
-      if axis in used or n == 1 or size % (math.prod(mesh.shape[a] for a in chosen) * n):
+      if axis in used or n == 1:
+        continue
+      if size % (math.prod(mesh.shape[a] for a in chosen) * n):
+        if what is not None and (what, axis) not in _WARNED:
+          _WARNED.add((what, axis))
+          logging.warning("%s: its '%s' dimension (%d) does not divide over mesh axis '%s' (%d "
+                          "devices): replicated over '%s' instead of sharded as "
+                          "config.mesh.rules asks", what, name, size, axis,
+                          math.prod(mesh.shape[a] for a in chosen) * n, axis)
         continue
       chosen.append(axis)
     used.update(chosen)
@@ -160,8 +175,9 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mes
   return PartitionSpec(*spec)
 
 
-def named_sharding(names, shape, mesh: Mesh, rules: Rules) -> NamedSharding:
-  return NamedSharding(mesh, logical_to_spec(names, shape, mesh, rules))
+def named_sharding(names, shape, mesh: Mesh, rules: Rules, *,
+                   what: str | None = None) -> NamedSharding:
+  return NamedSharding(mesh, logical_to_spec(names, shape, mesh, rules, what=what))
 
 
 def constrain(x: jax.Array, names: Sequence[str | None], mesh: Mesh | None, rules: Rules | None):
@@ -179,12 +195,15 @@ def infer_shardings(abstract_tree, mesh: Mesh, rules: Rules):
   """NamedShardings for a tree whose leaves are `nn.Partitioned` (boxed) or plain arrays.
 
   Boxed leaves carry their logical names; plain leaves (scalars, counters) are replicated.
+  A dimension a rule cannot shard is reported by the leaf's path (`logical_to_spec`).
   """
-  def one(leaf):
+  def one(path, leaf):
     if _is_partitioned(leaf):
-      return named_sharding(leaf.names, leaf.value.shape, mesh, rules)
+      return named_sharding(leaf.names, leaf.value.shape, mesh, rules,
+                            what="parameter " + jax.tree_util.keystr(path, simple=True,
+                                                                     separator="/"))
     return NamedSharding(mesh, PartitionSpec())
-  return jax.tree.map(one, abstract_tree, is_leaf=_is_partitioned)
+  return jax.tree_util.tree_map_with_path(one, abstract_tree, is_leaf=_is_partitioned)
 
 
 def logical_names(abstract_tree):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 import numpy as np
 
+from jaxrl_llm import config as config_lib
 from jaxrl_llm import objectives
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -21,7 +22,7 @@ CONFIG_NAMES = sorted(
 SUBTREES = ("model", "sampling", "algo", "optimizer", "mesh", "data", "rewards", "train",
             "checkpoint", "logging")
 
-# ALGORITHMS.md's preset table, one row per preset: the axes each preset must set.
+# The preset table of docs/objectives.md, one row per preset: the axes each preset must set.
 PRESET_TABLE = {
     "ppo": dict(estimator="gae", aggregation="token_mean", ratio="token", trust_region="clip",
                 clip=(0.2, 0.2), kl=("k1", "reward"), value_clip=0.2),
@@ -75,12 +76,12 @@ class ConfigFilesTest(parameterized.TestCase):
     self.assertEqual(config.algo.kl.coef, 0.5)
     for subtree in SUBTREES:
       self.assertIn(subtree, config)
-    objectives.validate_algo(config.algo, config.sampling.num_samples)
+    config_lib.validate_algo(config.algo, config.sampling.num_samples)
     module = importlib.import_module(f"configs.{name}")
     self.assertIn("arXiv" if name in PRESET_TABLE and name != "sft" else "Run:", module.__doc__)
     if name != "smoke":
       local = get_config(name, "runlocal")
-      objectives.validate_algo(local.algo, local.sampling.num_samples)
+      config_lib.validate_algo(local.algo, local.sampling.num_samples)
       self.assertLessEqual(local.train.steps, 2)
 
   @parameterized.parameters(*CONFIG_NAMES)
@@ -119,12 +120,11 @@ class ConfigFilesTest(parameterized.TestCase):
 
   def test_arithmetic_puts_every_rl_preset_on_the_demo_task(self):
     from configs import arithmetic, grpo_arithmetic  # pylint: disable=g-import-not-at-top
-    from jaxrl_llm.training import validation  # pylint: disable=g-import-not-at-top
     self.assertEqual(set(arithmetic.PRESETS), set(PRESET_TABLE) - {"sft"})
     for name in arithmetic.PRESETS:
       for arg in (f"preset={name}", f"preset={name},runlocal"):
         config = arithmetic.get_config(arg)
-        validation.validate_config(config)  # 8 CPU devices: rows split over the batch shards
+        config_lib.validate(config)  # 8 CPU devices: rows split over the batch shards
         preset = get_config(name)
         preset.sampling.max_new_tokens = 4  # the length-tied axes follow it (overlong, dr_grpo)
         self.assertEqual(config.algo.to_dict(), preset.algo.to_dict())  # the axes are the preset's

@@ -10,7 +10,7 @@ from absl.testing import absltest
 from jaxrl_llm import paths
 from jaxrl_llm.data import jsonl
 from jaxrl_llm.models import load
-from jaxrl_llm.training import validation
+from jaxrl_llm import config as config_lib
 from tests import gcs_emulator
 
 
@@ -54,12 +54,12 @@ class LocalPathsTest(absltest.TestCase):
     os.makedirs(os.path.join(fake_site, "tensorflow"))
     open(os.path.join(fake_site, "tensorflow", "__init__.py"), "w").close()
     code = textwrap.dedent("""
-        import importlib.util
+        import importlib.util, os
         from jaxrl_llm import paths
-        from etils import epath
         from etils.epath import backend
         assert importlib.util.find_spec("tensorflow") is not None
-        print(epath.Path("gs://bucket/run")._backend is backend.fsspec_backend)
+        assert "EPATH_USE_TF" not in os.environ  # importing changes no environment variable
+        print(paths._epath("gs://bucket/run")._backend is backend.fsspec_backend)
     """)
     env = {k: v for k, v in os.environ.items() if k != "EPATH_USE_TF"}
     env["PYTHONPATH"] = os.pathsep.join([fake_site, os.getcwd()])
@@ -132,7 +132,7 @@ class GcsPathsTest(absltest.TestCase):
     workdir = "gs://no-such-bucket-jaxrl/run"
     with self.assertRaisesRegex(ValueError, r"workdir 'gs://no-such-bucket-jaxrl/run' cannot be "
                                 "written"):
-      validation.check_writable(workdir)
+      config_lib.check_writable(workdir)
     with self.assertRaisesRegex(FileNotFoundError,
                                 r"model path 'gs://no-such-bucket-jaxrl/model' does not exist"):
       load.check_model_dir("gs://no-such-bucket-jaxrl/model")

@@ -20,7 +20,7 @@ from configs import qwen3_gsm8k
 from jaxrl_llm import sharding as sh
 from jaxrl_llm import training
 from jaxrl_llm.data import char_tokenizer
-from jaxrl_llm.training import validation
+from jaxrl_llm import config as config_lib
 from tests import hf_testing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +50,7 @@ def validate(arg: str, model_path: str, num_devices: int, num_processes: int):
   devices = jax.devices()[:num_devices]
   assert len(devices) == num_devices, f"{len(devices)} devices here, expected {num_devices}"
   with mock.patch.object(jax, "process_count", return_value=num_processes):
-    validation.validate_config(config, devices)
+    config_lib.validate(config, devices)
   mesh = sh.make_mesh(config.mesh, devices)
   return config, tuple(mesh.shape[a] for a in sh.MESH_AXES)
 

@@ -1,6 +1,7 @@
 """The group sampler against transformers' generate, the model's own distribution, and itself."""
 import re
 import tempfile
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +10,7 @@ import scipy.stats
 import torch
 from absl.testing import absltest, parameterized
 
-from jaxrl_llm import models, sampling
+from jaxrl_llm import models, platform, sampling
 from jaxrl_llm import sharding as sh
 from tests import hf_testing
 
@@ -267,12 +268,26 @@ class LayerLoopTest(parameterized.TestCase):
     unrolls = lambda layers, loop="auto": sampling.unrolls_layers(
         sampling.SamplingSettings(1, 1, layer_loop=loop),
         models.Model(None, cfg.replace(num_layers=layers)))
-    self.assertTrue(unrolls(sampling.UNROLL_MAX_LAYERS))
-    self.assertFalse(unrolls(sampling.UNROLL_MAX_LAYERS + 1))  # compile time stays flat
+    deepest = sampling.DECODE_TUNING["cpu"].unroll_max_layers
+    self.assertTrue(unrolls(deepest))
+    self.assertFalse(unrolls(deepest + 1))  # compile time stays flat
     self.assertTrue(unrolls(28, "unrolled"))
     self.assertFalse(unrolls(2, "scan"))
+    # The one platform query decides: accelerators always scan.
+    with mock.patch.object(platform, "of", lambda mesh=None: "gpu"):
+      self.assertFalse(unrolls(2))
     with self.assertRaisesRegex(ValueError, "layer_loop='both'"):
       sampling.SamplingSettings(1, 1, layer_loop="both")
+
+  def test_generate_keeps_a_bounded_cache_that_frees(self):
+    _, model = _model()
+    sampling.free_generate_cache()
+    for n in range(sampling.GENERATE_CACHE_SIZE + 2):  # as many different settings
+      sampling.generate(model, _prompts(0, (3,)), num_samples=1, max_new_tokens=2 + n)
+    kept = sampling.sampler._sampler.cache_info().currsize
+    self.assertEqual(kept, sampling.GENERATE_CACHE_SIZE)
+    sampling.free_generate_cache()
+    self.assertEqual(sampling.sampler._sampler.cache_info().currsize, 0)
 
 
 class BFloat16Test(parameterized.TestCase):

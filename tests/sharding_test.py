@@ -59,6 +59,14 @@ class MeshTest(absltest.TestCase):
     # An odd size stays replicated instead of failing.
     spec = sh.logical_to_spec((sh.VOCAB, sh.EMBED), (97, 40), mesh, sh.DEFAULT_RULES)
     self.assertEqual(spec, P(None, "fsdp"))
+    # Named (a parameter): said once, with the parameter and the mesh axis.
+    with self.assertLogs("absl", "WARNING") as logs:
+      for _ in range(2):
+        sh.logical_to_spec((sh.VOCAB, sh.EMBED), (97, 40), mesh, sh.DEFAULT_RULES,
+                           what="parameter embed")
+    self.assertEqual([r.getMessage() for r in logs.records], [
+        "parameter embed: its 'vocab' dimension (97) does not divide over mesh axis 'tensor' "
+        "(2 devices): replicated over 'tensor' instead of sharded as config.mesh.rules asks"])
     with self.assertRaisesRegex(ValueError, "unknown logical axis 'embd'"):
       sh.logical_to_spec(("embd",), (4,), mesh, (("embd", "data"),))
     with self.assertRaisesRegex(ValueError, "unknown mesh axis 'model'"):

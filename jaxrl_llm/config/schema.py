@@ -1,46 +1,17 @@
-"""Shared config blocks and the `get_config(arg)` argument parser.
+"""The config schema: every section, its defaults and what each field means.
 
-Every experiment file builds its config from `base_config()` and changes what makes it
-that experiment; `print(config)` shows every key the code reads. The `algo` block holds
-exactly the axes of `shared/ALGORITHMS.md`; its defaults are GRPO's, and each preset
-sets every axis it depends on explicitly anyway.
+`base_config()` is a full config with every field the library reads, GRPO's algorithm
+axes and a tiny random Llama; a preset (configs/, `jaxrl_llm.config.preset`) changes what
+makes it that experiment, and `print(config)` shows the whole run. The comment beside a
+field says what it means and which values it takes; `jaxrl_llm.config.validate` checks
+every value against these choices, once, before anything loads. The algorithm axes
+(`algo`) are described in docs/objectives.md.
 """
 from __future__ import annotations
 
 import ml_collections
 
 ConfigDict = ml_collections.ConfigDict
-
-
-def parse_arg(arg: str | None, *, lazy: bool = False, **spec) -> ConfigDict:
-  """Parses `get_config`'s single string argument, big_vision style.
-
-  `arg` is a comma-separated list of `key=value` or bare `key` (meaning True), e.g.
-  `"runlocal,samples=4"`. Every key must appear in `spec`, whose values are the
-  defaults and fix each key's type.
-
-  Args:
-    arg: the string after the colon in `--config=configs/grpo.py:runlocal`.
-    lazy: accept keys not in `spec` (as strings).
-    **spec: defaults, e.g. `runlocal=False`.
-
-  Returns:
-    A ConfigDict with one entry per key of `spec` (and, if lazy, of `arg`).
-  """
-  parsed = ConfigDict(dict(spec))
-  for item in filter(None, (arg or "").split(",")):
-    key, sep, value = item.partition("=")
-    key = key.strip()
-    if key not in spec and not lazy:
-      raise ValueError(f"Unknown config argument {key!r}; valid: {sorted(spec)}.")
-    default = spec.get(key, "")
-    if not sep:
-      parsed[key] = True
-    elif isinstance(default, bool):
-      parsed[key] = value.lower() in ("1", "true", "yes")
-    else:
-      parsed[key] = type(default)(value)
-  return parsed
 
 
 def model_config() -> ConfigDict:
@@ -94,6 +65,7 @@ def mesh_config() -> ConfigDict:
 
 
 def sampling_config() -> ConfigDict:
+  """The rollout sampler (jaxrl_llm/sampling.py) and the prompts' padding buckets."""
   return ConfigDict({
       "num_samples": 8,  # G, responses per prompt
       "max_new_tokens": 64,
@@ -108,7 +80,7 @@ def sampling_config() -> ConfigDict:
 
 
 def algo_config(sampling: ConfigDict) -> ConfigDict:
-  """The axes of ALGORITHMS.md, GRPO's values; presets override what they change."""
+  """The algorithm as data: one choice per axis (docs/objectives.md), GRPO's values."""
   algo = ConfigDict({
       "advantage": {
           "estimator": "grpo",
@@ -148,7 +120,7 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
       # has an importance ratio (the sampler's decode numerics then differ from the trainer's)
       "old_logp": "auto",
       "tis_cap": 0.0,  # truncated IS weight cap for sampler/trainer mismatch; 0 = off
-      # Off-policy corrections against the recorded behaviour log-probs b (ALGORITHMS.md): with
+      # Off-policy corrections against the recorded behaviour log-probs b (docs/objectives.md): with
       # w = exp(o - b), o the trainer's recomputed old log-probs, tis_cap multiplies each token's
       # loss by min(w, tis_cap); behaviour_mask (IcePop) drops tokens ('token') or whole responses
       # ('sequence': geometric mean of w) with w outside [low, high] from the loss and its counts,
@@ -171,26 +143,29 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
 
 
 def optimizer_config() -> ConfigDict:
+  """AdamW with global-norm clipping, for the policy and the critic alike."""
   return ConfigDict({
+      # adamw (the only optimizer so far)
       "name": "adamw",
-      "lr": 1e-6,
+      "lr": 1e-6,  # the peak learning rate, > 0
       "b1": 0.9,
       "b2": 0.999,
       "eps": 1e-8,
       "weight_decay": 0.0,
-      "grad_clip_norm": 1.0,
+      "grad_clip_norm": 1.0,  # clip the global gradient norm to this; 0 = off
       "schedule": "constant",  # constant | cosine
-      "warmup_steps": 0,
+      "warmup_steps": 0,  # linear warm-up from 0, in optimizer updates
   })
 
 
 def train_config() -> ConfigDict:
+  """The run's length, batch and cadence."""
   return ConfigDict({
-      "steps": 200,
+      "steps": 200,  # RL steps (sample -> update), >= 1
       "prompts_per_step": 16,  # P; B = P·G sequences per rollout batch
       "micro_batch_size": 32,  # sequences per forward/backward; gradients accumulate
-      "eval_every": 50,
-      "log_every": 1,
+      "eval_every": 50,  # held-out greedy accuracy every N steps (and at step 0); 0 = never
+      "log_every": 1,  # a metrics row every N steps (and at the last one), >= 1
       "max_consecutive_skips": 3,  # skipped (non-finite) steps in a row allowed; one more stops
       "peak_flops_per_device": 0.0,  # for MFU; 0.0 = measure
       "logprob_chunk_size": 256,  # sequence positions per logit chunk
@@ -198,21 +173,25 @@ def train_config() -> ConfigDict:
 
 
 def data_config(sampling: ConfigDict) -> ConfigDict:
+  """Where prompts (and SFT targets) come from and how they become tokens."""
   data = ConfigDict({
+      # task:NAME (built-in, jaxrl_llm/tasks), jsonl:PATH with {split} (local or gs://),
+      # tfds:NAME (tensorflow-datasets)
       "source": "task:arithmetic",
       "completions": "sample",  # sample (RL) | dataset (SFT: each record's `completion`)
       "task_options": {},  # keyword arguments of a task: source (see jaxrl_llm.tasks)
-      "max_prompt_len": 0,
-      "prompt_overflow": "error",  # error | truncate
-      "chat_template": False,
-      "tfds_data_dir": "",
-      "shuffle_seed": 0,
+      "max_prompt_len": 0,  # follows sampling.max_prompt_len
+      "prompt_overflow": "error",  # error | truncate: a prompt longer than max_prompt_len
+      "chat_template": False,  # wrap each prompt as a user turn of the tokenizer's template
+      "tfds_data_dir": "",  # tfds: sources' data_dir ('' = TFDS's default)
+      "shuffle_seed": 0,  # the order of the training records
   })
   data.max_prompt_len = sampling.get_ref("max_prompt_len")
   return data
 
 
 def rewards_config() -> ConfigDict:
+  """Reward functions by import path, and their weights in the total."""
   return ConfigDict({
       # import paths "pkg.module:fn"; the first is the eval accuracy. Default: arithmetic's.
       "functions": ("jaxrl_llm.rewards.arithmetic:arithmetic_exact",
@@ -222,10 +201,16 @@ def rewards_config() -> ConfigDict:
 
 
 def checkpoint_config() -> ConfigDict:
-  return ConfigDict({"every": 100, "keep": 2, "async_write": True})
+  """orbax checkpoints in WORKDIR/checkpoints (a workdir holding one resumes from it)."""
+  return ConfigDict({
+      "every": 100,  # a checkpoint every N steps (and at the last one); 0 = only at the end
+      "keep": 2,  # the newest N are kept, >= 1
+      "async_write": True,  # write in the background while training goes on
+  })
 
 
 def logging_config() -> ConfigDict:
+  """What process 0 writes: WORKDIR/metrics.jsonl and TensorBoard events in WORKDIR/tb."""
   return ConfigDict({"tensorboard": True, "jsonl": True})
 
 

@@ -1,6 +1,9 @@
-"""Checks of a config and the run's surroundings that need no model or data: they run
-first, so a bad value fails in seconds with a message naming the field, the value and
-what was expected, not an hour into a run.
+"""`validate(config)`: every value of a config checked once, before anything loads.
+
+A bad value fails in seconds with one `ConfigError` naming the field, the value and
+what was expected, not an hour into a run. Checks that belong to an object the library
+builds from the config (the sampler's settings, the reward functions) are that object's
+own: they run here by building it. The algorithm axes are checked in `algo_checks`.
 """
 from __future__ import annotations
 
@@ -11,66 +14,55 @@ import jax
 import ml_collections
 from absl import logging
 
-from configs import common as config_schema
-from jaxrl_llm import objectives, paths, sampling
+from jaxrl_llm import paths, sampling
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.data import char_tokenizer
-from jaxrl_llm.data import prompts as prompts_lib
+from jaxrl_llm.config import algo_checks, schema
+from jaxrl_llm.data import char_tokenizer, prompts, sources
 from jaxrl_llm.models import config as model_config
 from jaxrl_llm.models import load as model_load
-from jaxrl_llm.training import rollout as rollout_lib
-from jaxrl_llm.training import state as state_lib
+from jaxrl_llm.rewards import RewardSet
+
+COMPLETION_SOURCES = ("sample", "dataset")  # config.data.completions
+OPTIMIZERS = ("adamw",)
+SCHEDULES = ("constant", "cosine")
 
 
-def validate_config(config, devices=None) -> None:
-  """Every check that needs no data or model, before anything is loaded.
+class ConfigError(ValueError):
+  """A config value (or the workdir) is unusable; raised before anything loads."""
+
+
+def validate(config, devices=None) -> None:
+  """Raises `ConfigError` for the first section with a bad value.
 
   Args:
-    config: the full config.
+    config: a full config (`schema.base_config()` plus a preset's changes).
     devices: the devices of the mesh (default: all devices of all processes).
   """
-  check_known_keys(config)
-  objectives.validate_algo(config.algo, config.sampling.num_samples)
-  state_lib.check_optimizer_config(config.optimizer)
-  t, algo, G = config.train, config.algo, config.sampling.num_samples
-  positive = {"train.steps": t.steps, "train.prompts_per_step": t.prompts_per_step,
-              "train.micro_batch_size": t.micro_batch_size, "sampling.num_samples": G,
-              "sampling.max_new_tokens": config.sampling.max_new_tokens,
-              "algo.num_iterations": algo.num_iterations,
-              "algo.num_minibatches": algo.num_minibatches,
-              "train.logprob_chunk_size": t.logprob_chunk_size}
-  for name, value in positive.items():
-    if int(value) < 1:
-      raise ValueError(f"config.{name}={value}: expected a positive integer")
-  B = t.prompts_per_step * G
-  if B % algo.num_minibatches:
-    raise ValueError(f"config.algo.num_minibatches={algo.num_minibatches} does not divide the "
-                     f"rollout batch of {B} sequences (train.prompts_per_step x sampling.num_samples)")
-  mb = B // algo.num_minibatches
-  if mb % min(t.micro_batch_size, mb):
-    raise ValueError(f"config.train.micro_batch_size={t.micro_batch_size} does not divide the "
-                     f"minibatch of {mb} sequences")
-  for name, allowed in (("layer_loop", sampling.LAYER_LOOPS),
-                        ("weight_layout", sampling.WEIGHT_LAYOUTS)):
-    if config.sampling[name] not in allowed:
-      raise ValueError(f"config.sampling.{name}={config.sampling[name]!r}: expected one of "
-                       f"{list(allowed)}")
-  if config.data.completions not in rollout_lib.COMPLETION_SOURCES:
-    raise ValueError(f"config.data.completions={config.data.completions!r}: expected one of "
-                     f"{list(rollout_lib.COMPLETION_SOURCES)}")
-  if config.data.prompt_overflow not in prompts_lib.OVERFLOW_MODES:
-    raise ValueError(f"config.data.prompt_overflow={config.data.prompt_overflow!r}: expected one "
-                     f"of {list(prompts_lib.OVERFLOW_MODES)}")
-  if t.prompts_per_step % jax.process_count():
-    raise ValueError(f"config.train.prompts_per_step={t.prompts_per_step} is not divisible by the "
-                     f"{jax.process_count()} processes: expected a multiple of "
-                     f"{jax.process_count()} (each process loads its own share of the prompts)")
-  if algo.max_async_level > 0 and jax.process_count() > 1:
-    raise ValueError(f"config.algo.max_async_level={algo.max_async_level} with "
-                     f"{jax.process_count()} processes: asynchronous rollouts run in one "
-                     "process; expected 0")
-  _check_batch_shards(config, devices)
-  _check_model(config.model)
+  try:
+    check_known_keys(config)
+    algo_checks.validate_algo(config.algo, config.sampling.num_samples)
+    _check_optimizer(config.optimizer)
+    _check_sizes(config)
+    _check_sampling(config.sampling)
+    _check_data(config)
+    _check_processes(config)
+    _check_checkpoint(config.checkpoint)
+    _check_batch_shards(config, devices)
+    _check_model(config.model)
+    RewardSet.from_config(config.rewards)  # resolves the functions, checks the weights
+  except ConfigError:
+    raise
+  except (ValueError, OSError, ImportError, AttributeError) as e:
+    raise ConfigError(str(e)) from e
+
+
+def _fail(field: str, value, expected: str):
+  raise ConfigError(f"config.{field}={value!r}: expected {expected}")
+
+
+def _one_of(field: str, value, allowed) -> None:
+  if value not in allowed:
+    _fail(field, value, f"one of {list(allowed)}")
 
 
 # --- keys -----------------------------------------------------------------------------------------
@@ -78,7 +70,7 @@ def _is_group(value) -> bool:
   return isinstance(value, (ml_collections.ConfigDict, dict))
 
 
-def check_known_keys(config, schema=None) -> None:
+def check_known_keys(config, schema_config=None) -> None:
   """Raises if `config`'s keys differ from the schema's (default `base_config()`).
 
   A locked preset already rejects a misspelt key when it is set; a config built unlocked
@@ -86,20 +78,19 @@ def check_known_keys(config, schema=None) -> None:
   empty in the schema (`data.task_options`) takes any keys.
   """
   errors: list[str] = []
-  _compare_keys(config, config_schema.base_config() if schema is None else schema, "config",
-                errors)
+  _compare_keys(config, schema_config or schema.base_config(), "config", errors)
   if errors:
-    raise ValueError("\n".join(errors))
+    raise ConfigError("\n".join(errors))
 
 
-def unknown_key(path: str, schema=None) -> str | None:
+def unknown_key(path: str, schema_config=None) -> str | None:
   """The error for a dotted config path (`train.stepz`) that the schema lacks, else None.
 
   For command-line overrides (`--config.train.stepz=3`), which ml_collections rejects
   before any config object exists. Keys under a group that is empty in the schema
   (`data.task_options`) are free-form: None.
   """
-  node, prefix = config_schema.base_config() if schema is None else schema, "config"
+  node, prefix = schema_config or schema.base_config(), "config"
   for key in path.split("."):
     if not _is_group(node) or not len(node):
       return None
@@ -109,29 +100,114 @@ def unknown_key(path: str, schema=None) -> str | None:
   return None
 
 
-def _unknown_key_message(key: str, schema, prefix: str) -> str:
-  close = difflib.get_close_matches(key, list(schema.keys()), n=1)
-  hint = f"did you mean {prefix}.{close[0]}?" if close else f"expected one of {sorted(schema.keys())}"
+def _unknown_key_message(key: str, group, prefix: str) -> str:
+  close = difflib.get_close_matches(key, list(group.keys()), n=1)
+  hint = f"did you mean {prefix}.{close[0]}?" if close else f"expected one of {sorted(group.keys())}"
   return f"{prefix}.{key} is not a known key; {hint}"
 
 
-def _compare_keys(config, schema, prefix: str, errors: list[str]) -> None:
+def _compare_keys(config, group, prefix: str, errors: list[str]) -> None:
   for key in config.keys():
     name = f"{prefix}.{key}"
-    if key not in schema:
-      errors.append(_unknown_key_message(key, schema, prefix))
-    elif _is_group(schema[key]) and len(schema[key]):
+    if key not in group:
+      errors.append(_unknown_key_message(key, group, prefix))
+    elif _is_group(group[key]) and len(group[key]):
       if _is_group(config[key]):
-        _compare_keys(config[key], schema[key], name, errors)
+        _compare_keys(config[key], group[key], name, errors)
       else:
         errors.append(f"{name}={config[key]!r}: expected a group with keys "
-                      f"{sorted(schema[key].keys())}")
-  for key in schema.keys():
+                      f"{sorted(group[key].keys())}")
+  for key in group.keys():
     if key not in config:
-      errors.append(f"{prefix}.{key} is missing; configs.common.base_config() sets it")
+      errors.append(f"{prefix}.{key} is missing; jaxrl_llm.config.base_config() sets it")
 
 
-# --- mesh and batch -------------------------------------------------------------------------------
+# --- sections -------------------------------------------------------------------------------------
+def _check_optimizer(opt) -> None:
+  _one_of("optimizer.name", opt.name, OPTIMIZERS)
+  _one_of("optimizer.schedule", opt.schedule, SCHEDULES)
+  if not opt.lr > 0:
+    _fail("optimizer.lr", opt.lr, "a positive learning rate")
+  for name in ("b1", "b2"):
+    if not 0 <= opt[name] < 1:
+      _fail(f"optimizer.{name}", opt[name], "a decay rate in [0, 1)")
+  if not opt.eps > 0:
+    _fail("optimizer.eps", opt.eps, "> 0")
+  if opt.warmup_steps < 0:
+    _fail("optimizer.warmup_steps", opt.warmup_steps, ">= 0")
+  if opt.grad_clip_norm < 0:
+    _fail("optimizer.grad_clip_norm", opt.grad_clip_norm, ">= 0 (0 = off)")
+  if opt.weight_decay < 0:
+    _fail("optimizer.weight_decay", opt.weight_decay, ">= 0")
+
+
+def _check_sizes(config) -> None:
+  """Every count is positive, and the rollout batch splits into minibatches and micro-batches."""
+  t, algo, s = config.train, config.algo, config.sampling
+  positive = {"train.steps": t.steps, "train.prompts_per_step": t.prompts_per_step,
+              "train.micro_batch_size": t.micro_batch_size, "train.log_every": t.log_every,
+              "train.logprob_chunk_size": t.logprob_chunk_size,
+              "sampling.num_samples": s.num_samples, "sampling.max_new_tokens": s.max_new_tokens,
+              "sampling.max_prompt_len": s.max_prompt_len}
+  for name, value in positive.items():
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      _fail(name, value, "a positive integer")
+  for name in ("eval_every", "max_consecutive_skips"):
+    if t[name] < 0:
+      _fail(f"train.{name}", t[name], ">= 0 (0 = never)" if name == "eval_every" else ">= 0")
+  if t.peak_flops_per_device < 0:
+    _fail("train.peak_flops_per_device", t.peak_flops_per_device, ">= 0 (0 = measure)")
+  B = t.prompts_per_step * s.num_samples
+  if B % algo.num_minibatches:
+    raise ConfigError(f"config.algo.num_minibatches={algo.num_minibatches} does not divide the "
+                      f"rollout batch of {B} sequences (train.prompts_per_step x "
+                      "sampling.num_samples): expected a divisor of it")
+  minibatch = B // algo.num_minibatches
+  if minibatch % min(t.micro_batch_size, minibatch):
+    raise ConfigError(f"config.train.micro_batch_size={t.micro_batch_size} does not divide the "
+                      f"minibatch of {minibatch} sequences: expected a divisor of it")
+
+
+def _check_sampling(s) -> None:
+  buckets = tuple(s.prompt_buckets)
+  if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets):
+    _fail("sampling.prompt_buckets", buckets, "a tuple of positive lengths")
+  try:  # the settings check their own values (also for `sampling.generate`'s callers)
+    sampling.SamplingSettings(s.num_samples, s.max_new_tokens, s.temperature, s.top_k, s.top_p,
+                              layer_loop=s.layer_loop, weight_layout=s.weight_layout)
+  except ValueError as e:
+    raise ConfigError(f"config.sampling.{e}") from e
+
+
+def _check_data(config) -> None:
+  d = config.data
+  _one_of("data.completions", d.completions, COMPLETION_SOURCES)
+  _one_of("data.prompt_overflow", d.prompt_overflow, prompts.OVERFLOW_MODES)
+  sources.parse_source(d.source)
+  if d.completions == "dataset" and config.sampling.num_samples != 1:
+    raise ConfigError(f"config.sampling.num_samples={config.sampling.num_samples}: completions "
+                      "from the dataset (config.data.completions='dataset') give one target per "
+                      "prompt; expected 1")
+
+
+def _check_processes(config) -> None:
+  P, n, k = config.train.prompts_per_step, jax.process_count(), config.algo.max_async_level
+  if P % n:
+    raise ConfigError(f"config.train.prompts_per_step={P} is not divisible by the {n} processes: "
+                      f"expected a multiple of {n} (each process loads its own share of the "
+                      "prompts)")
+  if k > 0 and n > 1:
+    raise ConfigError(f"config.algo.max_async_level={k} with {n} processes: asynchronous "
+                      "rollouts run in one process; expected 0")
+
+
+def _check_checkpoint(c) -> None:
+  if c.every < 0:
+    _fail("checkpoint.every", c.every, ">= 0 (0 = only at the end)")
+  if c.keep < 1:
+    _fail("checkpoint.keep", c.keep, ">= 1")
+
+
 def _check_batch_shards(config, devices) -> None:
   """The rollout rows split evenly over the mesh axes the 'batch' rule names."""
   mesh, _ = sh.split_meshes(config.mesh, devices)  # raises for a shape that does not fit
@@ -143,7 +219,7 @@ def _check_batch_shards(config, devices) -> None:
   P, G = config.train.prompts_per_step, config.sampling.num_samples
   sizes = " x ".join(f"{a}={mesh.shape[a]}" for a in axes)
   if (P * G) % shards:
-    raise ValueError(
+    raise ConfigError(
         f"config.train.prompts_per_step={P} x config.sampling.num_samples={G} = {P * G} rollout "
         f"rows do not split over the {shards} batch shards of the mesh ({sizes}, the axes "
         f"config.mesh.rules maps 'batch' to): expected a multiple of {shards}")
@@ -156,27 +232,24 @@ def _check_batch_shards(config, devices) -> None:
         "every device", minibatches, P * G, P * G // minibatches, shards, sizes, shards)
 
 
-# --- model and tokenizer --------------------------------------------------------------------------
 def _check_model(m) -> None:
-  for name, allowed in (("remat", model_config.REMAT_POLICIES),
-                        ("attention", model_config.ATTENTION_IMPLS)):
-    if m[name] not in allowed:
-      raise ValueError(f"config.model.{name}={m[name]!r}: expected one of {list(allowed)}")
+  _one_of("model.remat", m.remat, model_config.REMAT_POLICIES)
+  _one_of("model.attention", m.attention, model_config.ATTENTION_IMPLS)
+  for name in ("dtype", "param_dtype"):
+    _one_of(f"model.{name}", m[name], model_config.DTYPES)
   if m.path:
     try:
       model_config.from_hf_dict(model_load.check_model_dir(m.path))
     except (OSError, ValueError) as e:
-      error = FileNotFoundError if isinstance(e, OSError) else ValueError
-      raise error(f"config.model.path={m.path!r}: {e}") from e
+      raise ConfigError(f"config.model.path={m.path!r}: {e}") from e
   if m.tokenizer_path and not paths.isdir(m.tokenizer_path):
-    raise FileNotFoundError(f"config.model.tokenizer_path={m.tokenizer_path!r} is not a "
-                            "directory: expected a tokenizer directory, local or gs:// "
-                            "('' = model.path)")
+    raise ConfigError(f"config.model.tokenizer_path={m.tokenizer_path!r} is not a directory: "
+                      "expected a tokenizer directory, local or gs:// ('' = model.path)")
   needed = len(char_tokenizer.vocab())
   if not m.path and not m.tokenizer_path and m.arch.vocab_size < needed:
-    raise ValueError(f"config.model.arch.vocab_size={m.arch.vocab_size} is smaller than the "
-                     f"built-in character tokenizer's {needed} tokens: expected >= {needed}, "
-                     "or set config.model.tokenizer_path")
+    raise ConfigError(f"config.model.arch.vocab_size={m.arch.vocab_size} is smaller than the "
+                      f"built-in character tokenizer's {needed} tokens: expected >= {needed}, "
+                      "or set config.model.tokenizer_path")
 
 
 # --- workdir --------------------------------------------------------------------------------------
@@ -190,5 +263,5 @@ def check_writable(workdir: str) -> None:
       f.write("ok")
     paths.remove(probe)
   except (OSError, ValueError) as e:  # gcsfs raises ValueError for some bad bucket names
-    raise ValueError(f"workdir {workdir!r} cannot be written ({type(e).__name__}: {e}): expected "
-                     "a directory this process can create and write to") from e
+    raise ConfigError(f"workdir {workdir!r} cannot be written ({type(e).__name__}: {e}): "
+                      "expected a directory this process can create and write to") from e

@@ -30,9 +30,9 @@ from jaxrl_llm.models.config import ModelConfig, from_hf_dict, to_hf_dict
 from jaxrl_llm.models.transformer import Transformer
 
 __all__ = [
-    "Model", "ModelConfig", "compute_logits", "compute_values", "forward",
+    "Model", "ModelConfig", "abstract_params", "compute_logits", "compute_values", "forward",
     "from_pretrained", "init", "init_cache", "place", "positions_from_mask", "save_pretrained",
-    "unembed", "unstack_layers", "value_model",
+    "unembed", "value_model",
 ]
 
 init_cache = kv_cache.init_cache
@@ -40,9 +40,9 @@ init_cache = kv_cache.init_cache
 # rounds every op as written, so two programs that compute the same forward (the update's
 # and the one that scores its old log-probs) agree bit for bit, and the sampler's decode
 # agrees with both up to its own op order. With XLA's default, fusion decides which bf16
-# intermediates stay float32: the same forward then differed by up to 2e-3 in the importance
-# ratio between two programs, and GSPO's [1 - 3e-4, 1 + 4e-4] clipped 7.5% of a first pass
-# (25% against the sampler's log-probs; 0% and 1% without). No effect in float32.
+# intermediates stay float32, so the same forward rounds differently in two programs: enough
+# for a narrow trust region (GSPO's) to clip part of a first pass, where the ratio is 1 by
+# definition (README, "bf16", has the figures). No effect in float32.
 COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
 # The parameter tree's layout; checkpoints record it. 2: layers stacked on a leading axis,
 # fused q/k/v and gate/up kernels (1: one subtree per layer, one kernel per HF tensor).
@@ -82,8 +82,17 @@ def logical_param_names(cfg: ModelConfig):
 
 
 def param_shardings(cfg: ModelConfig, mesh: Mesh, rules):
+  """The NamedShardings of `cfg`'s parameters on `mesh`, from their logical axes."""
   abstract = jax.eval_shape(functools.partial(_boxed_init, cfg), jax.random.key(0))
   return nn.unbox(sh.infer_shardings(abstract, mesh, rules))
+
+
+def abstract_params(cfg: ModelConfig, mesh: Mesh, rules):
+  """`jax.ShapeDtypeStruct`s of `cfg`'s parameters, with their shardings on `mesh`: the
+  layout of a placed model, allocating nothing."""
+  abstract = nn.unbox(jax.eval_shape(functools.partial(_boxed_init, cfg), jax.random.key(0)))
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract,
+                      param_shardings(cfg, mesh, rules))
 
 
 def init(cfg: ModelConfig, rng: jax.Array, mesh: Mesh | None = None,
@@ -163,33 +172,20 @@ def value_model(policy: Model) -> Model:
   return place(model, policy.mesh, policy.rules) if policy.mesh is not None else model
 
 
-def unstack_layers(model: Model) -> Model:
-  """The same model with one parameter tree per layer (a tuple) instead of stacked layers.
-
-  What a call with a KV cache runs (a loop over layers); the sampler unstacks once per call,
-  outside its decode loop, so that the loop reads every layer's weights where they lie.
-  """
-  layers = model.params["layers"]
-  if isinstance(layers, tuple):
-    return model
-  unstacked = tuple(jax.tree.map(lambda x, i=i: x[i], layers)
-                    for i in range(model.config.num_layers))
-  return model.replace(params=dict(model.params, layers=unstacked))
-
-
 def positions_from_mask(mask_BT: jax.Array) -> jax.Array:
   """Position ids that ignore left padding: clip(cumsum(mask) - 1, 0)."""
   return jnp.maximum(jnp.cumsum(mask_BT.astype(jnp.int32), axis=-1) - 1, 0)
 
 
 def forward(model: Model, tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0,
-            return_hidden=False):
+            return_hidden=False, rope=None):
   """One call of the transformer (not jitted: call it inside your own jitted function).
 
+  `rope`: the positions' (cos, sin) tables when the caller computes them itself.
   Returns (logits [B, T, V] float32 | values [B, T] | hidden [B, T, D], new cache or None).
   """
   return model.module.apply({"params": model.params}, tokens_BT, positions_BT, kv_mask_BS,
-                            cache, cache_index, return_hidden)
+                            cache, cache_index, return_hidden, rope)
 
 
 def unembed(model: Model, hidden_BTD):

@@ -16,9 +16,9 @@ values run in the compute dtype.
   cudnn:     `jax.nn.dot_product_attention(implementation='cudnn')`, cuDNN's fused flash
              attention on NVIDIA GPUs (bf16/fp16);
   splash:    the Pallas splash-attention kernel on TPU, per device under `shard_map`.
-'auto' takes cudnn on a GPU in bf16/fp16, splash on a TPU, and xla on a CPU while the
-sequence fits one block; otherwise blockwise. A fused kernel that rejects a shape
-(cuDNN's head-dim or length limits) falls back to blockwise at trace time.
+'auto' takes cudnn where `cudnn_unsupported` finds nothing against it (an NVIDIA GPU,
+bf16/fp16, a head dim cuDNN takes), splash on a TPU, and xla on a CPU while the sequence
+fits one block; otherwise blockwise. Asked for by name, cudnn refuses what it cannot run.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm import platform
 from jaxrl_llm import sharding as sh
 
 # Finite, so a query whose keys are all masked (a padding query) gets uniform weights, not NaN.
@@ -36,19 +37,41 @@ MASKED = -0.7 * float(np.finfo(np.float32).max)
 BLOCK = 512  # key slots per block of the blockwise kernel
 
 
-def platform_of(mesh) -> str:
-  """'cpu', 'gpu' or 'tpu': where the arrays of `mesh` (or the default devices) live."""
-  device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
-  return "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
+def cudnn_unsupported(dtype, head_dim: int, length: int, where: str,
+                      capability: tuple[int, int] | None = None) -> str | None:
+  """Why cuDNN's fused attention cannot run these queries (None: it can).
+
+  What `jax.nn.dot_product_attention(implementation='cudnn')` accepts here: an NVIDIA GPU
+  (`where` 'gpu'), bf16 or fp16, a head dim that is a multiple of 8 up to 128 (256 from
+  compute `capability` 9.0, Hopper), and, since the padding mask reaches cuDNN as a bias
+  whose gradient it computes only then, an even sequence `length`.
+  """
+  if where != "gpu":
+    return f"cuDNN runs on NVIDIA GPUs, not on {where}"
+  if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+    return f"cuDNN's fused attention takes bf16 or fp16, not {jnp.dtype(dtype).name}"
+  largest = 256 if (capability or (0, 0)) >= (9, 0) else 128
+  if head_dim % 8 or head_dim > largest:
+    return (f"cuDNN's fused attention takes a head dim that is a multiple of 8 up to "
+            f"{largest}, not {head_dim}")
+  if length % 2:
+    return f"cuDNN's fused attention with a padding mask takes an even length, not {length}"
+  return None
 
 
-def resolve(impl: str, *, platform: str, dtype, length: int, block: int = BLOCK) -> str:
-  """The implementation 'auto' stands for on `platform` (others are returned as they are)."""
+def resolve(impl: str, *, where: str, dtype, head_dim: int, length: int,
+            capability: tuple[int, int] | None = None, block: int = BLOCK) -> str:
+  """The implementation 'auto' stands for on platform `where` ('cpu', 'gpu', 'tpu'); a
+  named one is returned as it is, once checked."""
+  why_not_cudnn = cudnn_unsupported(dtype, head_dim, length, where, capability)
+  if impl == "cudnn" and why_not_cudnn:
+    raise ValueError(f"attention='cudnn': {why_not_cudnn}; expected 'auto', 'xla' or "
+                     "'blockwise'")
   if impl != "auto":
     return impl
-  if platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+  if why_not_cudnn is None:
     return "cudnn"
-  if platform == "tpu" and length % 128 == 0:
+  if where == "tpu" and length % 128 == 0:
     return "splash"
   return "xla" if length <= block else "blockwise"
 
@@ -64,17 +87,15 @@ def causal_attention(q_BTKGd, k_BTKd, v_BTKd, valid_BT, *, impl: str = "auto", m
     mesh, rules: where the arrays live (the splash kernel runs per device).
     block: key slots per block of the blockwise kernel.
   """
-  T, dt = q_BTKGd.shape[1], q_BTKGd.dtype
-  impl = resolve(impl, platform=platform_of(mesh), dtype=dt, length=T, block=block)
+  T, dt, d = q_BTKGd.shape[1], q_BTKGd.dtype, q_BTKGd.shape[-1]
+  impl = resolve(impl, where=platform.of(mesh), capability=platform.compute_capability(mesh),
+                 dtype=dt, head_dim=d, length=T, block=block)
   if impl == "xla":
     return _xla(q_BTKGd, k_BTKd, v_BTKd, valid_BT)
   if impl == "blockwise":
     return _blockwise(q_BTKGd, k_BTKd, v_BTKd, valid_BT.astype(bool), block)
   if impl == "cudnn":
-    try:
-      return _cudnn(q_BTKGd, k_BTKd, v_BTKd, valid_BT)
-    except (NotImplementedError, ValueError, RuntimeError):  # a shape or dtype cuDNN rejects
-      return _blockwise(q_BTKGd, k_BTKd, v_BTKd, valid_BT.astype(bool), block)
+    return _cudnn(q_BTKGd, k_BTKd, v_BTKd, valid_BT)
   if impl == "splash":
     return _splash(q_BTKGd, k_BTKd, v_BTKd, valid_BT, mesh, rules)
   raise ValueError(f"attention={impl!r}: expected one of auto, xla, blockwise, cudnn, splash")
@@ -227,7 +248,7 @@ def _splash(q_BTKGd, k_BSKd, v_BSKd, valid_BS, mesh, rules):
   if T % 128:
     raise ValueError(f"attention='splash' needs a sequence length that is a multiple of 128, "
                      f"got {T}; use 'auto' or 'blockwise'")
-  interpret = platform_of(mesh) != "tpu"  # runs anywhere, slowly: the CPU tests use it
+  interpret = platform.of(mesh) != "tpu"  # runs anywhere, slowly: the CPU tests use it
   blk = math.gcd(T, 512)
   sizes = splash.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
                             block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk,

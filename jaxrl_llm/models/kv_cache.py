@@ -1,21 +1,17 @@
 """The KV cache: keys and values of every layer, preallocated to a fixed length S.
 
-Two layouts of the same buffers, one per way of running the layers (`Transformer`):
-
-  stacked (scanned layers):    {'k': [L, B, K, Dh, S], 'v': [L, B, K, S, Dh]}
-  per layer (unrolled layers): a tuple of L dicts {'k': [B, K, Dh, S], 'v': [B, K, S, Dh]}
-
-With stacked layers the scan reads layer i's slice, writes this step's keys and values into
-it, attends over it, and hands the new keys and values out; they are written into the stacked
-buffers after the scan (`write`), in place. With unrolled layers each layer's buffers are
-arrays of their own: written in place (`write`) and read where they lie, which on a CPU saves
-the per-layer copies a slice of a stacked buffer costs inside a decode loop.
+The buffers are stacked over layers, {'k': [L, B, K, Dh, S], 'v': [L, B, K, S, Dh]}: the
+scan reads layer i's slice, writes this step's keys and values into it, attends over it,
+and hands the new keys and values out; they are written into the stacked buffers after the
+scan (`write`), in place. (The sampler may split them into one dict of [B, K, Dh, S] /
+[B, K, S, Dh] buffers per layer for its unrolled decode on a CPU, `sampling.decode`;
+`write` and the attention read either.)
 
 Heads come before slots, so attention reads each (row, kv head) block contiguously with no
 transpose per step. Keys are stored slot-minor ([Dh, S]) so that queries times keys is a plain
 [G, Dh] x [Dh, S] matmul per (row, kv head): with slot-major keys the CPU matmul library
-transposed every key block on every decode step, which made the score product 2.6x slower
-than the probability-times-values one.
+transposed every key block on every decode step, which made the score product several
+times slower than the probability-times-values one.
 
 Slots are written (`dynamic_update_slice`) at a position shared by the whole batch: prompts
 are left-padded to one length, so slot s holds token s of every row, and the per-row validity
@@ -59,17 +55,6 @@ def cache_shardings(cfg: ModelConfig, batch: int, length: int, mesh, rules) -> d
   shape = shapes(cfg, batch, length)
   return {"k": sh.named_sharding(K_AXES, shape["k"], mesh, rules),
           "v": sh.named_sharding(V_AXES, shape["v"], mesh, rules)}
-
-
-def per_layer(cache: dict) -> tuple[dict, ...]:
-  """A stacked cache as one dict of buffers per layer."""
-  return tuple({name: x[i] for name, x in cache.items()} for i in range(cache["k"].shape[0]))
-
-
-def per_layer_shardings(stacked: dict, num_layers: int) -> tuple[dict, ...]:
-  """The shardings of `per_layer(cache)` from those of the stacked cache."""
-  drop = lambda s: jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(*s.spec[1:]))
-  return tuple({name: drop(s) for name, s in stacked.items()} for _ in range(num_layers))
 
 
 def with_shared_prefix(prefix_cache, cache):

@@ -10,12 +10,10 @@ each layer is `ModelConfig.remat` (a `jax.checkpoint` policy).
 Weights are stored in the layout the matmuls use, so no forward (or backward) concatenates
 kernels: q, k and v are one kernel [D, K, G + 2, Dh] (per kv head: its G query heads, its key,
 its value, so the kv-head axis keeps the tensor sharding), gate and up one kernel [D, 2, F].
-`load` translates from and to the Hugging Face layout.
-
-The layers of a model whose parameters are unstacked (`models.unstack_layers`, a tuple of
-per-layer trees) run as a Python loop instead, each with its own KV-cache buffers: the
-sampler's choice on a CPU for shallow models, where slicing stacked weights and caches
-inside its decode loop would copy them on every step (see `sampling.SamplingSettings`).
+`load` translates from and to the Hugging Face layout. This is the model's one way of
+running its layers; how a decode loop is tuned for a platform (RoPE tables, layers run
+one by one) is the sampler's business (`sampling.DECODE_TUNING`), which calls the same
+`Block` and the methods `embed_tokens`, `normalize` and `unembed`.
 
 Attention reads keys from the current tokens (`attention.causal_attention`) or from all the
 written slots of a KV cache (`attention.cache_attention`; the cache layouts, including the
@@ -63,17 +61,15 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
   return inv_freq.astype(np.float32)
 
 
-def rope_tables(positions_BT: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+def rope_angles(positions_BT: jax.Array, cfg: ModelConfig) -> jax.Array:
+  """position * inv_freq [B, T, Dh/2], float32."""
+  return positions_BT.astype(jnp.float32)[:, :, None] * rope_inv_freq(cfg)[None, None, :]
+
+
+def rope_tables(positions_BT: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
   """cos and sin [B, T, Dh] of position * inv_freq, the angles repeated for both halves."""
-  freqs_BTf = positions_BT.astype(jnp.float32)[:, :, None] * inv_freq[None, None, :]  # [B, T, Dh/2]
-  # The halves are repeated by a matmul with [I I], which is exact (one product by 1 per
-  # output) and, unlike a concatenation, cannot be fused into the consumers: XLA would
-  # otherwise recompute cos and sin per element of every rotated tensor in every layer, a
-  # tenth of a CPU decode step. (An optimization_barrier does not stop that fusion on CPU.)
-  half = inv_freq.shape[0]
-  repeat_fd = np.concatenate([np.eye(half, dtype=np.float32)] * 2, axis=1)
-  both_BTd = lambda table_BTf: jnp.einsum("BTf,fd->BTd", table_BTf, repeat_fd,
-                                          precision=jax.lax.Precision.HIGHEST)
+  freqs_BTf = rope_angles(positions_BT, cfg)
+  both_BTd = lambda table_BTf: jnp.concatenate([table_BTf, table_BTf], axis=-1)
   return both_BTd(jnp.cos(freqs_BTf)), both_BTd(jnp.sin(freqs_BTf))
 
 
@@ -226,10 +222,11 @@ def scanned_layers(cfg: ModelConfig) -> type[nn.Module]:
 class Transformer(nn.Module):
   """Decoder-only transformer; `head` 'lm' gives logits [B, T, V], 'value' values [B, T].
 
-  Call: (tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0, return_hidden=False)
-  -> (logits or values or final hidden states, new cache or None). With a cache (`kv_cache`:
-  stacked for stacked parameters, one dict per layer for unstacked ones), the T tokens go to
-  slots [cache_index, cache_index + T) and `kv_mask_BS` covers all of its slots.
+  Call: (tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0, return_hidden=False,
+  rope=None) -> (logits or values or final hidden states, new cache or None). With a cache
+  (`kv_cache`, stacked over layers), the T tokens go to slots [cache_index, cache_index + T)
+  and `kv_mask_BS` covers all of its slots. `rope`: the (cos, sin) tables of the positions
+  when the caller computes them its own way (default: `rope_tables`).
   """
   cfg: ModelConfig
   mesh: Mesh | None = None
@@ -248,26 +245,25 @@ class Transformer(nn.Module):
                                 (cfg.hidden_size, cfg.vocab_size), cfg.jnp_param_dtype)
 
   def __call__(self, tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0,
-               return_hidden=False):
-    x_BTD = jnp.take(self.embed, tokens_BT, axis=0).astype(self.cfg.jnp_dtype)
-    x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
-    rope = rope_tables(positions_BT, rope_inv_freq(self.cfg))  # shared by all layers
-    layers = self.variables.get("params", {}).get("layers")  # absent while initialising
-    if not isinstance(layers, tuple):  # the scan over stacked layers
-      x_BTD, new_kv = self.layers(x_BTD, cache, rope, kv_mask_BS, jnp.asarray(cache_index))
-      new_cache = None if cache is None else kv_cache.write(cache, *new_kv, cache_index)
-    else:  # unstacked: a loop over layers, each with its own cache buffers
-      new_cache = []
-      for i, layer_params in enumerate(layers):
-        x_BTD, layer_cache = Block(self.cfg, self.mesh, self.rules, parent=None).apply(
-            {"params": layer_params}, x_BTD, None if cache is None else cache[i], rope,
-            kv_mask_BS, cache_index)
-        new_cache.append(layer_cache)
-      new_cache = None if cache is None else tuple(new_cache)
-    x_BTD = self.final_norm(x_BTD)
+               return_hidden=False, rope=None):
+    x_BTD = self.embed_tokens(tokens_BT)
+    if rope is None:
+      rope = rope_tables(positions_BT, self.cfg)  # shared by all layers
+    x_BTD, new_kv = self.layers(x_BTD, cache, rope, kv_mask_BS, jnp.asarray(cache_index))
+    new_cache = None if cache is None else kv_cache.write(cache, *new_kv, cache_index)
+    x_BTD = self.normalize(x_BTD)
     if return_hidden:
       return x_BTD, new_cache
     return self.unembed(x_BTD), new_cache
+
+  def embed_tokens(self, tokens_BT):
+    """Token ids -> the first layer's input [B, T, D] in the compute dtype."""
+    x_BTD = jnp.take(self.embed, tokens_BT, axis=0).astype(self.cfg.jnp_dtype)
+    return sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
+
+  def normalize(self, x_BTD):
+    """The final norm: the last layer's output -> the final hidden states."""
+    return self.final_norm(x_BTD)
 
   def unembed(self, x_BTD):
     """Final hidden states -> float32 logits [B, T, V] (or values [B, T] for the value head)."""

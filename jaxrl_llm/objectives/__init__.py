@@ -1,7 +1,8 @@
 """RL objectives for LLMs as small pure functions, one setting per algorithm axis.
 
-The contract is `shared/ALGORITHMS.md`. The trainer never branches on an algorithm's
-name: `config.algo` names a choice per axis, and the tables below resolve it.
+The contract is docs/objectives.md (axes, formulas, presets, this API). The trainer never
+branches on an algorithm's name: `config.algo` names a choice per axis, and the tables
+below resolve it (`jaxrl_llm.config.validate_algo` checks the choices).
 
   from jaxrl_llm import objectives
   adv = objectives.outcome_advantages(rewards, cfg)                   # [P, G] -> [P, G]
@@ -14,8 +15,7 @@ name: `config.algo` names a choice per axis, and the tables below resolve it.
 Modules: `logprobs` (per-token logp and entropy, chunked), `advantages`, `kl`,
 `aggregation` (loss reductions and exact accumulation), `losses` (ratios, trust
 regions, policy and value losses), `shaping` (DAPO extras, truncated IS, behaviour
-masking),
-`validate` (`validate_algo`).
+masking).
 """
 from jaxrl_llm.objectives.advantages import ESTIMATORS
 from jaxrl_llm.objectives.advantages import OUTCOME_ESTIMATORS
@@ -46,4 +46,3 @@ from jaxrl_llm.objectives.shaping import dynamic_sampling_keep
 from jaxrl_llm.objectives.shaping import overlong_penalty
 from jaxrl_llm.objectives.shaping import overlong_shaped_rewards
 from jaxrl_llm.objectives.shaping import truncated_importance_weight
-from jaxrl_llm.objectives.validate import validate_algo

@@ -229,9 +229,19 @@ def policy_loss(
   else:
     pg_BT, flags = trust_region(ratio, adv, logp, log_ratio, mask, loss_cfg)
 
+  metrics = {"pg_loss": reduce(pg_BT, mask, counts, loss_cfg)}
+  metrics.update(_kl_and_entropy_terms(logp, ref_logp, entropy, valid, mask, counts, cfg, reduce))
+  loss = metrics["pg_loss"] + metrics["kl_loss"] + metrics["entropy_loss"]
+  metrics.update(_ratio_diagnostics(log_ratio, ratio, flags, mask, counts))
+  return loss, metrics
+
+
+def _kl_and_entropy_terms(logp, ref_logp, entropy, valid, mask, counts, cfg,
+                          reduce) -> dict[str, Array]:
+  """`kl_loss` and `entropy_loss` (0 when off), and the `kl_ref` and `entropy` metrics."""
+  loss_cfg = cfg.loss
   zero = jnp.zeros((), jnp.float32)
-  metrics = {"pg_loss": reduce(pg_BT, mask, counts, loss_cfg), "kl_loss": zero,
-             "entropy_loss": zero}
+  metrics = {"kl_loss": zero, "entropy_loss": zero}
   if ref_logp is not None:
     ref_logp = jnp.where(valid, sg(ref_logp.astype(jnp.float32)), 0.0)
     kl_BT = kl_lib.kl_divergence(logp, ref_logp, cfg.kl.estimator)
@@ -241,7 +251,7 @@ def policy_loss(
       # Lenient for callers that only look at the policy-gradient part; the trainer
       # always passes ref_logp when the KL is in the loss.
       warnings.warn("kl.placement == 'loss' with kl.coef > 0 but no ref_logp: "
-                    "the KL term is left out.", stacklevel=2)
+                    "the KL term is left out.", stacklevel=3)
     else:
       metrics["kl_loss"] = reduce(cfg.kl.coef * kl_BT, mask, counts, loss_cfg)
   if entropy is not None:
@@ -251,16 +261,18 @@ def policy_loss(
                                      loss_cfg)
   elif loss_cfg.entropy_coef != 0:
     raise ValueError("loss.entropy_coef != 0 needs the per-token entropy.")
-  loss = metrics["pg_loss"] + metrics["kl_loss"] + metrics["entropy_loss"]
+  return metrics
 
-  # Diagnostics, all stop-gradient.
+
+def _ratio_diagnostics(log_ratio, ratio, flags, mask, counts) -> dict[str, Array]:
+  """`approx_kl`, the ratio's mean/min/max and the clip fractions, all stop-gradient."""
   log_ratio = sg(log_ratio)  # k3 of KL(old‖new) on tokens sampled from old:
   approx_kl_BT = jnp.exp(log_ratio) - log_ratio - 1.0  # ρ - log ρ - 1
-  metrics["approx_kl"] = aggregation.masked_token_mean(approx_kl_BT, mask, counts)
   ratio = sg(ratio)
-  metrics["ratio_mean"] = aggregation.masked_token_mean(ratio, mask, counts)
-  metrics["ratio_min"] = aggregation.masked_min(ratio, mask)
-  metrics["ratio_max"] = aggregation.masked_max(ratio, mask)
+  metrics = {"approx_kl": aggregation.masked_token_mean(approx_kl_BT, mask, counts),
+             "ratio_mean": aggregation.masked_token_mean(ratio, mask, counts),
+             "ratio_min": aggregation.masked_min(ratio, mask),
+             "ratio_max": aggregation.masked_max(ratio, mask)}
   for name, flag in flags.items():
     metrics[name] = aggregation.masked_token_mean(flag.astype(jnp.float32), mask, counts)
   if "clip_frac_high" in flags:
@@ -268,7 +280,7 @@ def policy_loss(
                                if k in flags)
     if "clip_frac_low" not in flags:  # only one bound: report it as clip_frac alone
       del metrics["clip_frac_high"]
-  return loss, metrics
+  return metrics
 
 
 # ---------------------------------------------------------------- value loss

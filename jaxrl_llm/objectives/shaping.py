@@ -12,7 +12,7 @@
 * Behaviour masking (`algo.behaviour_mask`, IcePop-style): tokens (or whole responses)
   whose weight `w = exp(o - b)` against the recorded behaviour log-probs `b` falls
   outside `[low, high]` get no loss and leave the aggregation's counts (IcePop, from the
-  Ling Team's Ring-1T report, 2025; the contract: `shared/ALGORITHMS.md`).
+  Ling Team's Ring-1T report, 2025; the contract: docs/objectives.md).
 """
 from __future__ import annotations
 

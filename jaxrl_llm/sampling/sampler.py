@@ -1,32 +1,6 @@
-"""The group sampler: G completions per prompt, with behaviour log-probs, in one program.
-
-```python
-from jaxrl_llm import sampling
-out = sampling.generate(model, prompts, num_samples=G, max_new_tokens=N,
-                        temperature=1.0, top_k=0, top_p=1.0, eos_ids=(...), seed=0)
-```
-
-One jitted program per (model, prompt bucket, settings): prefill the P prompts once, into a
-KV cache that the G samples of each prompt then share as a read-only prefix (`kv_cache`'s
-shared-prefix layout: the prompt's keys and values are read once per prompt, not once per
-row), then a `lax.while_loop` decodes one token for all B = P*G rows per step until every row
-has finished (EOS or N tokens).
-
-Prompts are left-padded to the smallest bucket length that holds the longest one, so a new
-prompt length inside a bucket reuses the compiled program. The rows' own KV buffers (keys
-[B, K, Dh, N], values [B, K, N, Dh] per layer, one slot per generated token) live in a
-`Sampler` between calls and are donated to each call: their slots are rewritten in place,
-never reallocated.
-
-Behaviour log-prob: for each sampled token, `log_softmax(logits / temperature)` of the
-full vocabulary, taken BEFORE top-k / top-p truncation. This is the quantity the trainer
-recomputes from the policy (same temperature, no truncation), so the importance ratio
-of an on-policy batch is exactly 1 up to numerics. With temperature 0 (greedy) it is
-`log_softmax(logits)`.
-"""
+"""The sampling program and the `Sampler` that keeps it compiled (see the package docstring)."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Sequence
 
@@ -38,6 +12,8 @@ from flax import struct
 from jaxrl_llm import distributed, models
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models import kv_cache
+from jaxrl_llm.sampling import choose, decode
+from jaxrl_llm.sampling.settings import SamplingSettings
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -60,77 +36,6 @@ class SampleOutput:
   truncated: jax.Array
 
 
-LAYER_LOOPS = ("auto", "scan", "unrolled")
-WEIGHT_LAYOUTS = ("tensor", "replicated", "training")
-UNROLL_MAX_LAYERS = 8  # 'auto' unrolls CPU models up to this depth
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingSettings:
-  """Static controls of one compiled sampling program.
-
-  `layer_loop`: how prefill and decode steps run the layers. 'scan' reads each layer's
-  weights and cache out of the stacked arrays: the program holds one layer, so its compile
-  time does not grow with depth. 'unrolled' unstacks the weights once per call
-  (`models.unstack_layers`) and loops over layers in Python with one cache buffer per layer,
-  so the decode loop reads every buffer where it lies; on a CPU a slice of a stacked array
-  inside the loop is a copy on every step (a 4-layer decode step is 1.5x faster unrolled),
-  but the program, and its compile time, grow with depth. 'auto': unrolled on a CPU up to
-  `UNROLL_MAX_LAYERS` layers, scanned otherwise.
-
-  `weight_layout`: where the weights live while decoding. Training shards them over `fsdp`
-  (and `tensor`); a decode step that read them there would all-gather every layer's weights
-  for every token. So once per call, before the decode loop, 'tensor' gathers the fsdp
-  shards and keeps the tensor-parallel split (the default), 'replicated' gathers both, and
-  'training' leaves them as they are.
-  """
-  num_samples: int
-  max_new_tokens: int
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
-  eos_ids: tuple[int, ...] = ()
-  pad_id: int = 0
-  layer_loop: str = "auto"
-  weight_layout: str = "tensor"
-
-  def __post_init__(self):
-    if self.num_samples < 1:
-      raise ValueError(f"num_samples={self.num_samples}: expected >= 1")
-    if self.max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens={self.max_new_tokens}: expected >= 1")
-    if self.temperature < 0:
-      raise ValueError(f"temperature={self.temperature}: expected >= 0 (0 = greedy)")
-    if self.top_k < 0:
-      raise ValueError(f"top_k={self.top_k}: expected >= 0 (0 = off)")
-    if not 0 < self.top_p <= 1:
-      raise ValueError(f"top_p={self.top_p}: expected 0 < top_p <= 1 (1 = off)")
-    if self.layer_loop not in LAYER_LOOPS:
-      raise ValueError(f"layer_loop={self.layer_loop!r}: expected one of {list(LAYER_LOOPS)}")
-    if self.weight_layout not in WEIGHT_LAYOUTS:
-      raise ValueError(f"weight_layout={self.weight_layout!r}: expected one of "
-                       f"{list(WEIGHT_LAYOUTS)}")
-
-
-def decode_weight_shardings(model: models.Model, layout: str):
-  """The shardings of `model`'s (stacked) parameters while decoding, or None to keep them."""
-  if model.mesh is None or layout == "training":
-    return None
-  dropped = {"fsdp"} if layout == "tensor" else {"fsdp", "tensor"}
-  keep = lambda axes: None if axes is None else tuple(
-      a for a in ((axes,) if isinstance(axes, str) else axes) if a not in dropped) or None
-  rules = tuple((name, keep(axes)) for name, axes in model.rules)
-  return models.param_shardings(model.config, model.mesh, rules)
-
-
-def unrolls_layers(settings: SamplingSettings, model: models.Model) -> bool:
-  """Whether sampling runs the layers unrolled (see `SamplingSettings.layer_loop`)."""
-  if settings.layer_loop != "auto":
-    return settings.layer_loop == "unrolled"
-  device = model.mesh.devices.flat[0] if model.mesh is not None else jax.devices()[0]
-  return device.platform == "cpu" and model.config.num_layers <= UNROLL_MAX_LAYERS
-
-
 def bucket_length(length: int, buckets: Sequence[int]) -> int:
   """The smallest bucket >= length (past the largest: the next multiple of it)."""
   for b in sorted(buckets):
@@ -149,65 +54,6 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int):
       tokens[i, length - len(p):] = p
       mask[i, length - len(p):] = 1
   return tokens, mask
-
-
-# --- token choice -------------------------------------------------------------------------------
-def _truncate(scaled_BV: jax.Array, top_k: int, top_p: float) -> jax.Array:
-  """Sets logits outside the top-k, then outside the top-p nucleus, to -inf."""
-  if top_k and top_k < scaled_BV.shape[-1]:
-    kth_B1 = jax.lax.top_k(scaled_BV, top_k)[0][:, -1:]
-    scaled_BV = jnp.where(scaled_BV < kth_B1, -jnp.inf, scaled_BV)
-  if top_p < 1.0:
-    probs_BV = jax.nn.softmax(scaled_BV, axis=-1)
-    sorted_BV = jnp.sort(probs_BV, axis=-1)[:, ::-1]
-    # Keep the smallest prefix of the sorted tokens whose mass reaches top_p (at least one).
-    keep_BV = (jnp.cumsum(sorted_BV, axis=-1) - sorted_BV) < top_p
-    threshold_B1 = jnp.min(jnp.where(keep_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
-    scaled_BV = jnp.where(probs_BV < threshold_B1, -jnp.inf, scaled_BV)
-  return scaled_BV
-
-
-def gumbel_noise(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-  """Gumbel(0, 1) noise, float32, from 32 random bits per entry.
-
-  g = -log(E) with E = -log1p(-v) exponential and v = (bits + 1/2) / 2^32: small v, the
-  upper tail of g that decides which rare token wins, is exact in float32, so g reaches
-  -log(2^-33) = 22.9 (`jax.random.gumbel`'s 23-bit uniforms stop at 16.6, which cuts off
-  tokens 1e-7 times as likely as the top one).
-  """
-  bits = jax.random.bits(key, shape, jnp.uint32)
-  v = jnp.minimum((bits.astype(jnp.float32) + 0.5) * 2.0 ** -32, 1.0 - 2.0 ** -24)
-  return -jnp.log(-jnp.log1p(-v))
-
-
-def _argmax_rows(x_BV: jax.Array) -> jax.Array:
-  """argmax over the last axis (first index of the maximum) as two one-operand reductions
-  (an argmax is a two-operand reduce, slow on a CPU)."""
-  vocab_V = jnp.arange(x_BV.shape[-1], dtype=jnp.int32)
-  top_B1 = jnp.max(x_BV, axis=-1, keepdims=True)
-  return jnp.min(jnp.where(x_BV == top_B1, vocab_V, x_BV.shape[-1]), axis=-1)
-
-
-def choose_tokens(logits_BV: jax.Array, key: jax.Array, s: SamplingSettings):
-  """Samples one token per row; returns (token int32 [B], behaviour log-prob float32 [B]).
-
-  Gumbel-max: the token is argmax(logits / T + g) with independent Gumbel noise g per row
-  and token (`gumbel_noise`), an exact draw from softmax(logits / T) after top-k / top-p,
-  at any vocabulary size: no cumulative sum whose float32 rounding (about 1e-5 absolute
-  over 150k tokens) would misplace the tokens near its top. `key`: this step's key (unused
-  when greedy).
-  """
-  logits_BV = logits_BV.astype(jnp.float32)
-  if s.temperature == 0:
-    token_B = _argmax_rows(logits_BV)
-    logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
-  else:
-    scaled_BV = logits_BV / s.temperature
-    logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)  # before truncation: see module doc
-    noisy_BV = _truncate(scaled_BV, s.top_k, s.top_p) + gumbel_noise(key, scaled_BV.shape)
-    token_B = _argmax_rows(noisy_BV)
-  logp_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
-  return token_B.astype(jnp.int32), logp_B
 
 
 # --- the program --------------------------------------------------------------------------------
@@ -248,20 +94,21 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, key, s: Samp
   unrolled = isinstance(cache, tuple)
   params = jax.tree.map(lambda p: p.astype(dt) if jnp.issubdtype(p.dtype, jnp.floating) else p,
                         model.params)
-  decode_shardings = decode_weight_shardings(model, s.weight_layout)
+  decode_shardings = decode.decode_weight_shardings(model, s.weight_layout)
   if decode_shardings is not None:
     params = jax.lax.with_sharding_constraint(params, decode_shardings)
   model = model.replace(params=params)
+  tune = decode.tuning(model)
   if unrolled:
-    model = models.unstack_layers(model)
+    model = decode.unstack_layers(model)
 
   # Prefill: each prompt once, into a cache its G samples then share as their prefix.
   positions_PS = models.positions_from_mask(mask_PS)
   prompt_cache = kv_cache.init_cache(model.config, P, S0, dt)
   if unrolled:
-    prompt_cache = kv_cache.per_layer(prompt_cache)
-  hidden_PSD, prompt_cache = models.forward(model, tokens_PS, positions_PS, mask_PS, prompt_cache, 0,
-                                            return_hidden=True)
+    prompt_cache = decode.per_layer(prompt_cache)
+  hidden_PSD, prompt_cache = decode.forward(model, tokens_PS, positions_PS, mask_PS, prompt_cache,
+                                            0, tune=tune, return_hidden=True)
   logits_PV = models.unembed(model, hidden_PSD[:, -1:])[:, 0]  # only the last prompt token's
   if model.mesh is not None:
     cache = jax.lax.with_sharding_constraint(cache, _cache_shardings(model, B, N, unrolled))
@@ -271,7 +118,7 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, key, s: Samp
 
   # Column t's noise comes from fold_in(key, t): threefry counts per entry, so XLA fuses the
   # draw into the token choice, and rows split over devices draw only their own entries.
-  token_B, logp_B = choose_tokens(jnp.repeat(logits_PV, G, axis=0), jax.random.fold_in(key, 0), s)
+  token_B, logp_B = choose.choose_tokens(jnp.repeat(logits_PV, G, axis=0), jax.random.fold_in(key, 0), s)
   st = _LoopState(t=jnp.int32(0), token_B=token_B, done_B=jnp.zeros((B,), bool),
                   tokens_BN=jnp.full((B, N), s.pad_id, jnp.int32),
                   logprobs_BN=jnp.zeros((B, N), jnp.float32), lengths_B=jnp.zeros((B,), jnp.int32),
@@ -285,9 +132,9 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, key, s: Samp
     slot = S0 + st.t - 1
     kv_mask_BS = jax.lax.dynamic_update_slice(st.kv_mask_BS, jnp.ones((B, 1), jnp.int32), (0, slot))
     positions_B1 = (next_position_B + st.t - 1)[:, None]
-    logits_B1V, cache = models.forward(model, st.token_B[:, None], positions_B1, kv_mask_BS,
-                                       st.cache, slot)
-    token_B, logp_B = choose_tokens(logits_B1V[:, 0], jax.random.fold_in(key, st.t), s)
+    logits_B1V, cache = decode.forward(model, st.token_B[:, None], positions_B1, kv_mask_BS,
+                                       st.cache, slot, tune=tune)
+    token_B, logp_B = choose.choose_tokens(logits_B1V[:, 0], jax.random.fold_in(key, st.t), s)
     return _record(st.replace(kv_mask_BS=kv_mask_BS, cache=cache), token_B, logp_B, s)
 
   st = jax.lax.while_loop(cond, step, st)
@@ -309,6 +156,16 @@ class Sampler:
 
   def num_compilations(self) -> int:
     return self._program._cache_size()
+
+  @property
+  def cache(self):
+    """The rows' KV buffers kept for the next call (None before the first call or after
+    `free`): B x (max_new_tokens) slots per layer, sharded over the batch and KV heads."""
+    return self._cache
+
+  def free(self) -> None:
+    """Drops the kept KV buffers (the next call allocates them again)."""
+    self._cache = None
 
   def __call__(self, model: models.Model, prompts: Sequence[Sequence[int]], seed) -> SampleOutput:
     """Samples the prompts; returns global arrays (rows prompt-major).
@@ -342,7 +199,7 @@ class Sampler:
       raise ValueError(f"prompt token ids must lie in [0, {model.config.vocab_size}); got "
                        f"[{tokens.min()}, {tokens.max()}]")
     B, N = len(prompts) * jax.process_count() * s.num_samples, s.max_new_tokens
-    unrolled = unrolls_layers(s, model)
+    unrolled = decode.unrolls_layers(s, model)
     want = kv_cache.shapes(model.config, B, N)
     if unrolled:
       want = tuple({k: v[1:] for k, v in want.items()} for _ in range(model.config.num_layers))
@@ -364,7 +221,7 @@ class Sampler:
   def _new_cache(self, model, B, S, unrolled: bool):
     make = lambda: kv_cache.init_cache(model.config, B, S)
     if unrolled:
-      make = lambda: kv_cache.per_layer(kv_cache.init_cache(model.config, B, S))
+      make = lambda: decode.per_layer(kv_cache.init_cache(model.config, B, S))
     if model.mesh is None:
       return make()
     return jax.jit(make, out_shardings=_cache_shardings(model, B, S, unrolled))()
@@ -373,7 +230,7 @@ class Sampler:
 def _cache_shardings(model: models.Model, B: int, S: int, unrolled: bool):
   """Where the rows' own cache lives: stacked, or one dict per layer."""
   stacked = kv_cache.cache_shardings(model.config, B, S, model.mesh, model.rules)
-  return kv_cache.per_layer_shardings(stacked, model.config.num_layers) if unrolled else stacked
+  return decode.per_layer_shardings(stacked, model.config.num_layers) if unrolled else stacked
 
 
 def _replicated_key(key: jax.Array, mesh) -> jax.Array:
@@ -383,9 +240,18 @@ def _replicated_key(key: jax.Array, mesh) -> jax.Array:
   return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key)) if typed else data
 
 
-@functools.lru_cache(maxsize=16)
+GENERATE_CACHE_SIZE = 4  # `generate` keeps the samplers of its last 4 settings
+
+
+@functools.lru_cache(maxsize=GENERATE_CACHE_SIZE)
 def _sampler(settings: SamplingSettings) -> Sampler:
   return Sampler(settings)
+
+
+def free_generate_cache() -> None:
+  """Drops what `generate` keeps between calls: the compiled samplers of its last
+  `GENERATE_CACHE_SIZE` settings and the KV buffers each holds for its next call."""
+  _sampler.cache_clear()
 
 
 def generate(model: models.Model, prompts: Sequence[Sequence[int]], num_samples: int,
@@ -409,6 +275,11 @@ def generate(model: models.Model, prompts: Sequence[Sequence[int]], num_samples:
     weight_layout: 'tensor', 'replicated' or 'training' (see `SamplingSettings`).
   Returns:
     `SampleOutput` with rows prompt-major: the G samples of prompt 0 come first.
+
+  The compiled program and its KV buffers (B rows x `max_new_tokens` slots per layer,
+  reused by the next call with the same settings) are kept for the last
+  `GENERATE_CACHE_SIZE` settings; `free_generate_cache()` releases them. The trainer keeps
+  its own `Sampler`s instead.
   """
   settings = SamplingSettings(num_samples, max_new_tokens, float(temperature), int(top_k),
                               float(top_p), tuple(int(e) for e in eos_ids), int(pad_id),

@@ -119,11 +119,6 @@ def demonstration(record: dict, rng: random.Random | None = None, *,
   return str(answer)
 
 
-TASK = base.Task(
-    load_split=load_split,
-    demonstration=demonstration,
-    reward_functions=("jaxrl_llm.rewards.arithmetic:arithmetic_exact",
-                      "jaxrl_llm.rewards.arithmetic:arithmetic_format"),
-    reward_weights=(1.0, 0.1),
-    teacher_options=("teacher_carry_error",),
-)
+TASK = base.Task(load_split=load_split, demonstration=demonstration,
+                 **base.exact_and_format_rewards("arithmetic"),
+                 teacher_options=("teacher_carry_error",))

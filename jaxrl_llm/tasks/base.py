@@ -19,6 +19,14 @@ from typing import Callable, NamedTuple, Sequence
 _MAX_REDRAWS = 1000  # attempts at a train problem outside eval before giving up
 
 
+def exact_and_format_rewards(name: str) -> dict:
+  """The built-in tasks' rewards: `jaxrl_llm.rewards.NAME`'s `NAME_exact` (weight 1, the
+  held-out accuracy) and `NAME_format` (weight 0.1), as `Task` fields."""
+  module = f"jaxrl_llm.rewards.{name}"
+  return dict(reward_functions=(f"{module}:{name}_exact", f"{module}:{name}_format"),
+              reward_weights=(1.0, 0.1))
+
+
 class Task(NamedTuple):
   """A built-in task.
 

@@ -102,10 +102,5 @@ def demonstration(record: dict, rng=None) -> str:
   return record["solution"]
 
 
-TASK = base.Task(
-    load_split=load_split,
-    demonstration=demonstration,
-    reward_functions=("jaxrl_llm.rewards.countdown:countdown_exact",
-                      "jaxrl_llm.rewards.countdown:countdown_format"),
-    reward_weights=(1.0, 0.1),
-)
+TASK = base.Task(load_split=load_split, demonstration=demonstration,
+                 **base.exact_and_format_rewards("countdown"))

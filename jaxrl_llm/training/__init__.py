@@ -1,5 +1,14 @@
-"""The RL trainer: `train(config, workdir)`; see `loop.py`."""
-from jaxrl_llm.training.loop import greedy_samples
-from jaxrl_llm.training.loop import train
+"""The RL trainer: `train(config, workdir)` (see `loop.py`).
 
-__all__ = ["greedy_samples", "train"]
+Modules, in the order a run uses them: `plan` (what the config's algorithm needs),
+`setup` (mesh, models, optimizer, state layout, compiled `programs`, resume), `feed`
+(each step's rollout: `rollout`, `async_rollouts`), `prepare` (rollout -> training
+batch), `steps` (the pure update steps), `guards` (preemption, non-finite updates),
+`metrics` and `flops` (what is logged), `evaluation` (held-out accuracy).
+"""
+from jaxrl_llm.training.evaluation import greedy_samples
+from jaxrl_llm.training.loop import train
+from jaxrl_llm.training.plan import Plan, make_plan
+from jaxrl_llm.training.setup import Setup, set_up
+
+__all__ = ["Plan", "Setup", "greedy_samples", "make_plan", "set_up", "train"]

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_llm import distributed
+
 # Dense bf16 matmul peak per device (one TPU chip, one GPU), from the vendors' data sheets.
 # Matched against `device.device_kind` in lower case, most specific first.
 PEAK_BF16_FLOPS = (
@@ -104,6 +106,35 @@ def measured_peak(devices) -> float:
     f(x).block_until_ready()
     times.append(time.perf_counter() - t)
   return 2 * n ** 3 / min(times)
+
+
+def throughput(model_config, plan, rollout, arrays, times: dict[str, float], samples: int,
+               new_tokens: int, peak: float) -> dict[str, float]:
+  """Step times, tokens per second and model-FLOP utilisation of a step.
+
+  Args:
+    model_config: the policy's `ModelConfig`.
+    plan: the run's `training.plan.Plan` (which forwards a step runs).
+    rollout, arrays: the step's rollout and its training rows (`prepare.batch_arrays`).
+    times: seconds of the step and of its phases: `step`, `sample`, `logprob`, `update`.
+    samples, new_tokens: G and N.
+    peak: the FLOP/s of all the mesh's devices together.
+  """
+  prompts = len(rollout.prompts) * jax.process_count()
+  sampled = rollout.logprobs is not None
+  lengths = float(distributed.concat(rollout.lengths).sum())
+  work = step_flops(
+      model_config, plan.algo, prompts=prompts, samples=samples,
+      prompt_len=arrays["tokens"].shape[1] - new_tokens, new_tokens=new_tokens,
+      generated=lengths if sampled else None, reference=plan.reference, value=plan.value_model,
+      recompute_old_logp=plan.old_logp == "recompute")
+  train_tokens = float(distributed.sum_int(int(arrays["loss_mask"].sum())))
+  t_update = max(times["update"], 1e-9)
+  return dict(step_time_s=times["step"], sample_time_s=times["sample"],
+              logprob_time_s=times["logprob"], update_time_s=times["update"],
+              mfu=work["total"] / times["step"] / peak, update_mfu=work["update"] / t_update / peak,
+              train_tokens_per_s=train_tokens * plan.algo.num_iterations / t_update,
+              sample_tokens_per_s=lengths / max(times["sample"], 1e-9))
 
 
 def peak_flops_per_device(devices, override: float = 0.0) -> tuple[float, str]:

@@ -19,6 +19,7 @@ import os
 import signal
 import threading
 
+import jax
 from absl import logging
 
 from jaxrl_llm import distributed
@@ -77,12 +78,15 @@ class NonFiniteGuard:
     self._last_parts: list[str] = []
 
   def update(self, step: int, update_metrics: list[dict]) -> dict[str, float]:
-    """Reads one step's update metrics; returns the metrics to log.
+    """Reads one step's non-finite flags; returns the metrics to log.
 
     Args:
       step: the step just done (1-based, as logged).
-      update_metrics: the metrics of each optimizer update of the step (host values).
+      update_metrics: the metrics of each optimizer update of the step (device values:
+        only the flags, a few scalars, are fetched).
     """
+    update_metrics = jax.device_get([{k: m[k] for k in NONFINITE_FLAGS if k in m}
+                                     for m in update_metrics])
     parts = [name for flag, name in NONFINITE_FLAGS.items()
              if any(float(m.get(flag, 0.0)) > 0 for m in update_metrics)]
     skipped = sum(any(float(m.get(flag, 0.0)) > 0 for flag in NONFINITE_FLAGS)

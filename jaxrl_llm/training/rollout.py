@@ -16,9 +16,6 @@ import numpy as np
 from jaxrl_llm import data, distributed, objectives, sampling
 from jaxrl_llm.rewards import RewardSet
 
-COMPLETION_SOURCES = ("sample", "dataset")
-
-
 @dataclasses.dataclass
 class Rollout:
   """One RL step's batch on the host, prompt-major (B = P * G rows).
@@ -68,6 +65,15 @@ def pad_id(tokenizer) -> int:
     if tid is not None:
       return int(tid)
   return 0
+
+
+def sampling_settings(s, eos, pad, greedy: bool = False) -> sampling.SamplingSettings:
+  """The sampler's settings from `config.sampling` (`s`; greedy: one temperature-0 sample)."""
+  if greedy:
+    return sampling.SamplingSettings(1, s.max_new_tokens, 0.0, 0, 1.0, eos, pad, s.layer_loop,
+                                     s.weight_layout)
+  return sampling.SamplingSettings(s.num_samples, s.max_new_tokens, s.temperature, s.top_k,
+                                   s.top_p, eos, pad, s.layer_loop, s.weight_layout)
 
 
 def decode_completions(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
@@ -184,9 +190,6 @@ class DatasetRollouts:
   """SFT: the target completion of each record, tokenised and ended with EOS."""
 
   def __init__(self, config, tokenizer, batches: Iterator[data.RecordBatch], eos: tuple[int, ...]):
-    if config.sampling.num_samples != 1:
-      raise ValueError(f"config.sampling.num_samples={config.sampling.num_samples}: "
-                       "completions from the dataset give one target per prompt; expected 1")
     self.config, self.tokenizer, self.batches = config, tokenizer, batches
     self.eos, self.pad = eos, pad_id(tokenizer)
 

@@ -12,10 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
-
-SCHEDULES = ("constant", "cosine")
-OPTIMIZERS = ("adamw",)
-
+from jax.sharding import NamedSharding, PartitionSpec
 
 @struct.dataclass
 class TrainState:
@@ -35,23 +32,6 @@ class TrainState:
   rng: jax.Array
 
 
-def check_optimizer_config(opt_cfg) -> None:
-  if opt_cfg.name not in OPTIMIZERS:
-    raise ValueError(f"config.optimizer.name={opt_cfg.name!r}: expected one of {list(OPTIMIZERS)}")
-  if not opt_cfg.lr > 0:
-    raise ValueError(f"config.optimizer.lr={opt_cfg.lr}: expected a positive learning rate")
-  if opt_cfg.schedule not in SCHEDULES:
-    raise ValueError(f"config.optimizer.schedule={opt_cfg.schedule!r}: expected one of "
-                     f"{list(SCHEDULES)}")
-  if opt_cfg.warmup_steps < 0:
-    raise ValueError(f"config.optimizer.warmup_steps={opt_cfg.warmup_steps}: expected >= 0")
-  if opt_cfg.grad_clip_norm < 0:
-    raise ValueError(f"config.optimizer.grad_clip_norm={opt_cfg.grad_clip_norm}: expected >= 0 "
-                     "(0 = off)")
-  if opt_cfg.weight_decay < 0:
-    raise ValueError(f"config.optimizer.weight_decay={opt_cfg.weight_decay}: expected >= 0")
-
-
 def make_schedule(opt_cfg, total_updates: int) -> optax.Schedule:
   """Linear warmup from 0 to `lr`, then constant or cosine decay to 0 at `total_updates`."""
   warmup = int(opt_cfg.warmup_steps)
@@ -64,8 +44,9 @@ def make_schedule(opt_cfg, total_updates: int) -> optax.Schedule:
 
 
 def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransformation:
-  """AdamW with global-norm clipping, following `schedule` (from `make_schedule`)."""
-  check_optimizer_config(opt_cfg)
+  """AdamW with global-norm clipping, following `schedule` (from `make_schedule`).
+
+  `opt_cfg`: a validated `config.optimizer` (`jaxrl_llm.config.validate`)."""
   parts = []
   if opt_cfg.grad_clip_norm > 0:
     parts.append(optax.clip_by_global_norm(opt_cfg.grad_clip_norm))
@@ -74,10 +55,60 @@ def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransform
   return optax.chain(*parts)
 
 
-def init_state(policy_params, value_params, optimizer, value_optimizer, seed: int) -> TrainState:
-  """A fresh state; optimizer states are created jitted, sharded like their parameters."""
-  init = jax.jit(lambda p: optimizer.init(p))
-  value_opt = None if value_params is None else jax.jit(value_optimizer.init)(value_params)
-  return TrainState(step=jnp.zeros((), jnp.int32), policy_params=policy_params,
-                    policy_opt=init(policy_params), value_params=value_params,
-                    value_opt=value_opt, rng=jax.random.PRNGKey(seed))
+def optimizer_shardings(optimizer: optax.GradientTransformation, abstract_params):
+  """Where `optimizer.init(params)` lives: every leaf shaped like a parameter (AdamW's two
+  moments) sharded like that parameter, the rest (step counts) replicated.
+
+  Args:
+    abstract_params: `jax.ShapeDtypeStruct`s of the parameters, with their shardings.
+  """
+  mesh = jax.tree.leaves(abstract_params)[0].sharding.mesh
+  replicated = NamedSharding(mesh, PartitionSpec())
+  abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+  return optax.tree_map_params(optimizer, lambda _, p: p.sharding, abstract_opt, abstract_params,
+                               transform_non_params=lambda _: replicated)
+
+
+def abstract_state(optimizer: optax.GradientTransformation, abstract_policy,
+                   abstract_value=None) -> TrainState:
+  """The TrainState's shapes, dtypes and shardings, allocating nothing: the layout every
+  step program, every fresh state and every restored checkpoint uses.
+
+  Args:
+    optimizer: the optax transformation of both the policy and the critic.
+    abstract_policy, abstract_value: `jax.ShapeDtypeStruct`s (with shardings) of the
+      policy's and the critic's parameters (`models.abstract_params`); no critic: None.
+  """
+  mesh = jax.tree.leaves(abstract_policy)[0].sharding.mesh
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def opt(params):
+    if params is None:
+      return None
+    shapes = jax.eval_shape(optimizer.init, params)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
+                        optimizer_shardings(optimizer, params))
+
+  scalar = lambda dtype, shape=(): jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
+  return TrainState(step=scalar(jnp.int32), policy_params=abstract_policy,
+                    policy_opt=opt(abstract_policy), value_params=abstract_value,
+                    value_opt=opt(abstract_value), rng=scalar(jnp.uint32, (2,)))
+
+
+def shardings_of(tree):
+  """The shardings of a tree of arrays or `jax.ShapeDtypeStruct`s."""
+  return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def init_state(optimizer: optax.GradientTransformation, policy_params, value_params, seed: int,
+               layout: TrainState) -> TrainState:
+  """A fresh state in `layout` (`abstract_state`): the parameters as they are placed, the
+  optimizer states created in the shardings of their parameters, the key replicated."""
+  shardings = shardings_of(layout)
+  init = lambda params, out: None if params is None else jax.jit(
+      optimizer.init, out_shardings=out)(params)
+  return TrainState(
+      step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step),
+      policy_params=policy_params, policy_opt=init(policy_params, shardings.policy_opt),
+      value_params=value_params, value_opt=init(value_params, shardings.value_opt),
+      rng=jax.device_put(jax.random.PRNGKey(seed), shardings.rng))

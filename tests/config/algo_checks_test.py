@@ -1,19 +1,20 @@
-"""validate_algo: every check fails with a message that says how to fix it."""
+"""config.validate_algo, the algo section of the one validation: every check fails with a
+message that says how to fix it."""
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from configs import common
-from jaxrl_llm import objectives
+from jaxrl_llm import config
+from jaxrl_llm.config import schema
 
 
 def grpo_algo():
-  return common.algo_config(common.sampling_config())
+  return schema.algo_config(schema.sampling_config())
 
 
 class ValidateAlgoTest(parameterized.TestCase):
 
   def test_default_is_valid(self):
-    objectives.validate_algo(grpo_algo(), num_samples=8)
+    config.validate_algo(grpo_algo(), num_samples=8)
 
   @parameterized.named_parameters(
       ("estimator", "advantage.estimator", "grpoo",
@@ -44,59 +45,59 @@ class ValidateAlgoTest(parameterized.TestCase):
       node = node[p]
     node[leaf] = value
     with self.assertRaisesRegex(ValueError, pattern):
-      objectives.validate_algo(cfg, num_samples=8)
+      config.validate_algo(cfg, num_samples=8)
 
   def test_behaviour_mask_range_and_old_logp(self):
     cfg = grpo_algo()
     cfg.behaviour_mask.level, cfg.behaviour_mask.low, cfg.behaviour_mask.high = "token", 1.2, 2.0
     with self.assertRaisesRegex(ValueError, r"low / high = 1.2 / 2.0: expected 0 < low <= 1"):
-      objectives.validate_algo(cfg, num_samples=8)
+      config.validate_algo(cfg, num_samples=8)
     cfg.behaviour_mask.low, cfg.old_logp = 0.5, "sampler"
     with self.assertRaisesRegex(ValueError, r"algo.old_logp must be 'recompute' or 'auto'"):
-      objectives.validate_algo(cfg, num_samples=8)
+      config.validate_algo(cfg, num_samples=8)
     cfg.old_logp = "auto"
-    objectives.validate_algo(cfg, num_samples=8)
+    config.validate_algo(cfg, num_samples=8)
 
   def test_group_estimator_needs_two_samples(self):
     for estimator in ("grpo", "rloo", "dr_grpo", "max_rl", "reinforce_pp_baseline"):
       cfg = grpo_algo()
       cfg.advantage.estimator = estimator
       with self.assertRaisesRegex(ValueError, "needs G = sampling.num_samples >= 2, got 1"):
-        objectives.validate_algo(cfg, num_samples=1)
+        config.validate_algo(cfg, num_samples=1)
     cfg.advantage.estimator = "reinforce_pp"  # not a group estimator
-    objectives.validate_algo(cfg, num_samples=1)
+    config.validate_algo(cfg, num_samples=1)
 
   def test_norm_length_missing(self):
     cfg = grpo_algo()
     cfg.loss.aggregation = "seq_mean_token_sum_norm"
     with self.assertRaisesRegex(ValueError, "needs algo.loss.norm_length > 0"):
-      objectives.validate_algo(cfg)
+      config.validate_algo(cfg)
     cfg.loss.norm_length = 1024
-    objectives.validate_algo(cfg)
+    config.validate_algo(cfg)
 
   def test_combinations(self):
     cfg = grpo_algo()
     cfg.loss.ratio = "none"
     with self.assertRaisesRegex(ValueError, "trust_region must be 'none'"):
-      objectives.validate_algo(cfg)
+      config.validate_algo(cfg)
     cfg = grpo_algo()
     cfg.loss.trust_region, cfg.loss.ratio = "gmpo", "sequence"
     with self.assertRaisesRegex(ValueError, "ratio must be 'token'"):
-      objectives.validate_algo(cfg)
+      config.validate_algo(cfg)
     cfg = grpo_algo()
     cfg.advantage.estimator = "gae"
     with self.assertRaisesRegex(ValueError, "value.coef must be > 0"):
-      objectives.validate_algo(cfg)
+      config.validate_algo(cfg)
     cfg = grpo_algo()
     cfg.loss.trust_region, cfg.loss.clip_low = "cispo", 5.0  # >= 1: no lower bound; fine
-    objectives.validate_algo(cfg)
+    config.validate_algo(cfg)
 
   def test_user_functions_must_resolve(self):
     cfg = grpo_algo()
     cfg.advantage.fn = "no_such_module_xyz:fn"
     cfg.loss.reducer = "/no/such/file.py:fn"
     with self.assertRaises(ValueError) as ctx:
-      objectives.validate_algo(cfg)
+      config.validate_algo(cfg)
     self.assertIn("algo.advantage.fn = 'no_such_module_xyz:fn' does not resolve", str(ctx.exception))
     self.assertIn("algo.loss.reducer = '/no/such/file.py:fn' does not resolve", str(ctx.exception))
 
@@ -106,7 +107,7 @@ class ValidateAlgoTest(parameterized.TestCase):
     cfg.loss.clip_high = -1.0
     cfg.kl.coef = -1.0
     with self.assertRaises(ValueError) as ctx:
-      objectives.validate_algo(cfg)
+      config.validate_algo(cfg)
     message = str(ctx.exception)
     for part in ("estimator = 'x'", "clip_high = -1.0", "kl.coef = -1.0"):
       self.assertIn(part, message)

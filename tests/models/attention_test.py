@@ -96,14 +96,28 @@ class CausalAttentionTest(parameterized.TestCase):
       attention.causal_attention(*_inputs(T=96)[:4], impl="splash")
 
   def test_auto_picks_per_platform(self):
-    resolve = attention.resolve
-    self.assertEqual(resolve("auto", platform="cpu", dtype=jnp.float32, length=96), "xla")
-    self.assertEqual(resolve("auto", platform="cpu", dtype=jnp.float32, length=4096), "blockwise")
-    self.assertEqual(resolve("auto", platform="gpu", dtype=jnp.bfloat16, length=96), "cudnn")
-    self.assertEqual(resolve("auto", platform="gpu", dtype=jnp.float32, length=4096), "blockwise")
-    self.assertEqual(resolve("auto", platform="tpu", dtype=jnp.bfloat16, length=1024), "splash")
-    self.assertEqual(resolve("auto", platform="tpu", dtype=jnp.bfloat16, length=1000), "blockwise")
-    self.assertEqual(resolve("blockwise", platform="cpu", dtype=jnp.float32, length=8), "blockwise")
+    def resolve(impl, where, dtype, length, head_dim=128, capability=None):
+      return attention.resolve(impl, where=where, dtype=dtype, head_dim=head_dim, length=length,
+                               capability=capability)
+    self.assertEqual(resolve("auto", "cpu", jnp.float32, 96), "xla")
+    self.assertEqual(resolve("auto", "cpu", jnp.float32, 4096), "blockwise")
+    self.assertEqual(resolve("auto", "gpu", jnp.bfloat16, 96), "cudnn")
+    self.assertEqual(resolve("auto", "gpu", jnp.float32, 4096), "blockwise")
+    self.assertEqual(resolve("auto", "tpu", jnp.bfloat16, 1024), "splash")
+    self.assertEqual(resolve("auto", "tpu", jnp.bfloat16, 1000), "blockwise")
+    self.assertEqual(resolve("blockwise", "cpu", jnp.float32, 8), "blockwise")
+    # What cuDNN cannot take is decided up front (no fallback on an exception): a head dim
+    # of 256 only from Hopper on, one that is not a multiple of 8 never.
+    self.assertEqual(resolve("auto", "gpu", jnp.bfloat16, 96, head_dim=256), "xla")
+    self.assertEqual(resolve("auto", "gpu", jnp.bfloat16, 96, head_dim=256, capability=(9, 0)),
+                     "cudnn")
+    self.assertEqual(resolve("auto", "gpu", jnp.bfloat16, 4096, head_dim=100), "blockwise")
+    self.assertEqual(resolve("auto", "gpu", jnp.bfloat16, 97), "xla")  # odd: the mask's bias
+    with self.assertRaisesRegex(ValueError, "attention='cudnn': cuDNN's fused attention takes a "
+                                "head dim that is a multiple of 8 up to 128, not 100"):
+      resolve("cudnn", "gpu", jnp.bfloat16, 96, head_dim=100)
+    with self.assertRaisesRegex(ValueError, "attention='cudnn': cuDNN runs on NVIDIA GPUs"):
+      resolve("cudnn", "cpu", jnp.bfloat16, 96)
 
 
 if __name__ == "__main__":

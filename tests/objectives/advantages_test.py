@@ -10,13 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import common
+from jaxrl_llm.config import schema
 from jaxrl_llm import objectives
 from jaxrl_llm.objectives import advantages
 
 
 def algo_cfg(**adv_overrides):
-  cfg = common.algo_config(common.sampling_config())
+  cfg = schema.algo_config(schema.sampling_config())
   cfg.kl.coef = 0.0
   cfg.kl.placement = "none"
   for key, value in adv_overrides.items():

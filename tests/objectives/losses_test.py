@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import common
+from jaxrl_llm.config import schema
 from jaxrl_llm import objectives
 
 PRESETS = ("ppo", "grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "cispo", "gmpo",
@@ -26,7 +26,7 @@ def preset_algo(name, **sampling):
 
 
 def algo(ratio="token", trust_region="clip", aggregation="token_mean", **loss):
-  cfg = common.algo_config(common.sampling_config())
+  cfg = schema.algo_config(schema.sampling_config())
   cfg.kl.coef, cfg.kl.placement = 0.0, "none"
   cfg.loss.ratio, cfg.loss.trust_region, cfg.loss.aggregation = ratio, trust_region, aggregation
   for key, value in loss.items():
@@ -354,7 +354,7 @@ class ValueLossTest(absltest.TestCase):
     #   (1.2-2)² = 0.64 -> ½·0.64 = 0.32, gradient 0 (the clipped branch is constant).
     # Token 1: V 0.9, V_old 1.0, Ret 0.5: 0.16 both -> 0.08, grad (V-Ret)/2 = 0.2.
     # Token 2 is padding. Token mean over 2: 0.2.
-    cfg = common.algo_config(common.sampling_config())
+    cfg = schema.algo_config(schema.sampling_config())
     values = jnp.array([[1.5, 0.9, 7.0]])
     args = (jnp.array([[1.0, 1.0, 0.0]]), jnp.array([[2.0, 0.5, 0.0]]), jnp.array([[1.0, 1, 0]]))
     (loss, m), g = jax.value_and_grad(

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from configs import common
+from jaxrl_llm.config import schema
 from jaxrl_llm import objectives
 
 
@@ -50,7 +50,7 @@ class ShapingTest(absltest.TestCase):
     # Clip 0.2, token_mean, A = [1, -1], ρ = [1.5, 0.9], weights w = [0.5, 2]:
     # token losses -min(1.5, 1.2) = -1.2 and -min(-0.9, -0.9) = 0.9;
     # weighted mean (0.5·-1.2 + 2·0.9)/2 = 0.6.
-    cfg = common.algo_config(common.sampling_config())
+    cfg = schema.algo_config(schema.sampling_config())
     cfg.kl.coef, cfg.loss.aggregation = 0.0, "token_mean"
     logp = jnp.array([[-1.0, -1.0]])
     old = logp - jnp.log(jnp.array([[1.5, 0.9]]))
@@ -103,7 +103,7 @@ class BehaviourMaskTest(absltest.TestCase):
   def test_masked_tokens_get_no_gradient(self):
     # token_mean over the kept tokens only: A = 1, logp = old = -1 (ρ = 1, inside the clip),
     # so ℓ = -ρ and dℓ/dlogp_t = -ρ_t / 4 on the 4 kept tokens, 0 on the masked ones.
-    cfg = common.algo_config(common.sampling_config())
+    cfg = schema.algo_config(schema.sampling_config())
     cfg.kl.coef, cfg.loss.aggregation = 0.0, "token_mean"
     kept, _ = objectives.behaviour_mask(self.old, self.behaviour, self.mask, _mask_cfg("token"))
     logp = -jnp.ones((3, 3))

@@ -11,7 +11,7 @@ import numpy as np
 from absl.testing import absltest
 
 from jaxrl_llm import training
-from jaxrl_llm.training import validation
+from jaxrl_llm import config as config_lib
 from tests.training import async_configs
 from jaxrl_llm.training import guards
 from tests.training.loop_test import comparable, read_jsonl, resume_from_step_two
@@ -106,7 +106,7 @@ class FailureTest(absltest.TestCase):
     config.algo.max_async_level = 1
     with mock.patch.object(jax, "process_count", return_value=2):
       with self.assertRaisesRegex(ValueError, r"max_async_level=1 with 2 processes"):
-        validation.validate_config(config)
+        config_lib.validate(config)
 
 
 class ResumeTest(absltest.TestCase):

@@ -18,7 +18,7 @@ from absl.testing import absltest, parameterized
 from configs import smoke
 from jaxrl_llm import training
 from jaxrl_llm.data import char_tokenizer
-from jaxrl_llm.training import validation
+from jaxrl_llm import config as config_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKE_REWARDS = "tests.rewards.fake_rewards"
@@ -112,6 +112,14 @@ class ConfigKeysTest(CatalogTest):
       ("mesh_does_not_fit", ["--config.mesh.data=3"],
        "config.mesh (data=3, fsdp=1, tensor=1) needs 3 devices; there are 8: expected sizes "
        "whose product is 8 (or one axis -1 for the rest)"),
+      ("log_every_zero", ["--config.train.log_every=0"],
+       "config.train.log_every=0: expected a positive integer"),
+      ("checkpoint_keep_zero", ["--config.checkpoint.keep=0"],
+       "config.checkpoint.keep=0: expected >= 1"),
+      ("sampling_top_p_zero", ["--config.sampling.top_p=0"],
+       "config.sampling.top_p=0.0: expected 0 < top_p <= 1 (1 = off)"),
+      ("unknown_dtype", ["--config.model.dtype=bf16"],
+       "config.model.dtype='bf16': expected one of ['float32', 'bfloat16', 'float16']"),
   )
   def test_config_value_on_the_command_line(self, flags, message):
     """A value the validation refuses: exit 2 and exactly one line, before the workdir exists."""
@@ -122,6 +130,23 @@ class ConfigKeysTest(CatalogTest):
     self.assertLen(lines, 1, run.stderr)
     self.assertStartsWith(lines[0], message)
     self.assertFalse(os.path.exists(workdir))
+
+  def test_the_config_is_validated_once(self):
+    """`train` validates (the command line does not again), once, before anything loads."""
+    from jaxrl_llm.training import setup as setup_lib  # pylint: disable=g-import-not-at-top
+    order = []
+    def validate(config, devices=None):
+      order.append("validate")
+      return real_validate(config, devices)
+    def set_up(*args, **kwargs):
+      order.append("set_up")
+      raise RuntimeError("stop")
+    real_validate = config_lib.validate
+    with mock.patch.object(config_lib, "validate", validate), \
+         mock.patch.object(setup_lib, "set_up", set_up):
+      with self.assertRaisesRegex(RuntimeError, "stop"):
+        training.train(small_config(), self.new_workdir())
+    self.assertEqual(order, ["validate", "set_up"])
 
   def test_unwritable_workdir_on_the_command_line(self):
     parent = os.path.join(self.create_tempdir().full_path, "a_file")
@@ -159,12 +184,12 @@ class ConfigKeysTest(CatalogTest):
     self.assert_refused_untouched(config, ValueError, message)
 
   def test_unknown_key_of_a_dotted_path(self):
-    self.assertIsNone(validation.unknown_key("train.steps"))
-    self.assertIsNone(validation.unknown_key("data.task_options.max_value"))  # free-form group
-    self.assertEqual(validation.unknown_key("algo.loss.clip_hgih"),
+    self.assertIsNone(config_lib.unknown_key("train.steps"))
+    self.assertIsNone(config_lib.unknown_key("data.task_options.max_value"))  # free-form group
+    self.assertEqual(config_lib.unknown_key("algo.loss.clip_hgih"),
                      "config.algo.loss.clip_hgih is not a known key; "
                      "did you mean config.algo.loss.clip_high?")
-    self.assertIsNone(validation.unknown_key("train.steps.x"))  # below a field: not a key error
+    self.assertIsNone(config_lib.unknown_key("train.steps.x"))  # below a field: not a key error
 
   def test_missing_key(self):
     config = small_config()
@@ -172,7 +197,7 @@ class ConfigKeysTest(CatalogTest):
     del config.train["steps"]
     self.assert_refused_untouched(
         config, ValueError,
-        re.escape("config.train.steps is missing; configs.common.base_config() sets it"))
+        re.escape("config.train.steps is missing; jaxrl_llm.config.base_config() sets it"))
 
   def test_group_replaced_by_a_value(self):
     config = small_config()
@@ -189,7 +214,7 @@ class ConfigKeysTest(CatalogTest):
     for name in names:
       module = importlib.import_module(f"configs.{name}")
       for arg in (None,) if name == "smoke" else (None, "runlocal"):
-        validation.check_known_keys(module.get_config(arg))
+        config_lib.check_known_keys(module.get_config(arg))
 
 
 # --- 2. invalid values ---------------------------------------------------------------------------
@@ -246,10 +271,10 @@ class ValuesTest(CatalogTest):
     config.mesh.update(data=2, fsdp=4, tensor=1)
     config.train.prompts_per_step, config.sampling.num_samples = 1, 2
     with self.assertRaisesRegex(ValueError, "batch shards"):
-      validation.validate_config(config)
+      config_lib.validate(config)
     config.mesh.rules = tuple(("batch", "data") if name == "batch" else (name, axes)
                               for name, axes in config.mesh.rules)
-    validation.validate_config(config)  # 2 rows over data=2 alone
+    config_lib.validate(config)  # 2 rows over data=2 alone
 
   def test_prompts_per_step_over_processes(self):
     config = small_config()
@@ -274,16 +299,16 @@ NOT_A_DIRECTORY = ("config.model.path={path!r}: model path {path!r} does not exi
 class ModelPathTest(CatalogTest):
 
   @parameterized.named_parameters(
-      ("does_not_exist", {}, "no_such_model", FileNotFoundError, NOT_A_DIRECTORY),
-      ("a_file", {"model.bin": "x"}, "model.bin", FileNotFoundError, NOT_A_DIRECTORY),
-      ("no_config_json", {"pytorch_model.bin": "x"}, "", FileNotFoundError,
+      ("does_not_exist", {}, "no_such_model", config_lib.ConfigError, NOT_A_DIRECTORY),
+      ("a_file", {"model.bin": "x"}, "model.bin", config_lib.ConfigError, NOT_A_DIRECTORY),
+      ("no_config_json", {"pytorch_model.bin": "x"}, "", config_lib.ConfigError,
        "config.model.path={path!r}: {path!r} has no config.json: not a Hugging Face model "
        "directory (it holds ['pytorch_model.bin'])"),
       ("no_safetensors_weights", {"config.json": '{"model_type": "llama"}'}, "",
-       FileNotFoundError, "config.model.path={path!r}: no weights in {path!r}: expected "
+       config_lib.ConfigError, "config.model.path={path!r}: no weights in {path!r}: expected "
        "model.safetensors or model.safetensors.index.json (safetensors)"),
       ("unsupported_architecture", {"config.json": '{"model_type": "gpt2"}',
-                                    "model.safetensors": ""}, "", ValueError,
+                                    "model.safetensors": ""}, "", config_lib.ConfigError,
        "config.model.path={path!r}: config.json model_type='gpt2' is not supported"),
   )
   def test_model_path(self, files, name, error, message):
@@ -309,7 +334,7 @@ class TokenizerTest(CatalogTest):
   def test_tokenizer_path_does_not_exist(self):
     config = small_config()
     config.model.tokenizer_path = path = os.path.join(self.create_tempdir().full_path, "tok")
-    self.assert_refused_untouched(config, FileNotFoundError, re.escape(
+    self.assert_refused_untouched(config, config_lib.ConfigError, re.escape(
         f"config.model.tokenizer_path={path!r} is not a directory"))
 
   def test_tokenizer_larger_than_the_vocabulary(self):

@@ -6,7 +6,7 @@ from absl.testing import absltest, parameterized
 from configs import grpo_arithmetic
 from jaxrl_llm import data, models, sampling, training
 from jaxrl_llm.rewards import arithmetic
-from jaxrl_llm.training import loop
+from jaxrl_llm.training import setup
 
 
 def greedy_answers(model_dir: str, prompts: list[str], max_new_tokens: int) -> list[str]:
@@ -29,7 +29,7 @@ class GreedySamplesTest(parameterized.TestCase):
     model_dir = config.model.path
     if other_model:  # a random model of the same shape, as a run's export/ would be
       model_dir = self.create_tempdir().full_path
-      random = models.init(loop.model_config(config), jax.random.PRNGKey(7))
+      random = models.init(setup.model_config(config.model), jax.random.PRNGKey(7))
       models.save_pretrained(random, model_dir)
       data.load_tokenizer(config.model.path).save_pretrained(model_dir)
     rows = training.greedy_samples(config, 8, model_path=model_dir if other_model else "")

@@ -11,6 +11,7 @@ from absl.testing import absltest
 
 from configs import grpo, smoke
 from jaxrl_llm import models, training
+from jaxrl_llm import sharding as sh
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.training import guards
 from jaxrl_llm.training import rollout as rollout_lib
@@ -22,7 +23,8 @@ def tiny_model():
   cfg = ModelConfig(model_type="llama", vocab_size=32, hidden_size=16, intermediate_size=32,
                     num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, rope_theta=10000.0,
                     rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=32)
-  return models.init(cfg, jax.random.PRNGKey(0))
+  mesh = sh.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  return models.init(cfg, jax.random.PRNGKey(0), mesh=mesh)
 
 
 def batch(old_logp_value=0.0):
@@ -44,7 +46,9 @@ class PolicyStepTest(absltest.TestCase):
     config = grpo.get_config()
     model = tiny_model()
     optimizer = state_lib.make_optimizer(config.optimizer, lambda step: 1e-2)
-    self.state = state_lib.init_state(model.params, None, optimizer, optimizer, seed=0)
+    layout = state_lib.abstract_state(
+        optimizer, models.abstract_params(model.config, model.mesh, model.rules))
+    self.state = state_lib.init_state(optimizer, model.params, None, 0, layout)
     self.step = jax.jit(lambda state, b: steps.policy_step(
         state, b, model_static=model.replace(params=None), algo=_no_kl(config.algo),
         optimizer=optimizer, temperature=1.0, chunk_size=3, num_micro=2))

@@ -1,4 +1,4 @@
-"""Where the old log-probs come from in bf16 (`loop.old_logp_source`), and why it matters."""
+"""Where the old log-probs come from in bf16 (`plan.resolve_old_logp`), and why it matters."""
 import json
 import os
 
@@ -6,7 +6,7 @@ from absl.testing import absltest, parameterized
 
 from configs import gspo
 from jaxrl_llm import training
-from jaxrl_llm.training import loop
+from jaxrl_llm.training import plan
 
 
 def _gspo_bf16(old_logp="auto"):
@@ -34,7 +34,7 @@ class OldLogpTest(parameterized.TestCase):
 
   def test_bf16_first_pass_ratio_is_one(self):
     config = _gspo_bf16()
-    self.assertEqual(loop.old_logp_source(config), "recompute")
+    self.assertEqual(plan.resolve_old_logp(config), "recompute")
     row = self._first_pass(config)
     # The recomputed old log-probs are the update's own forward, bit for bit.
     self.assertEqual((row["ratio_min"], row["ratio_max"]), (1.0, 1.0))
@@ -50,8 +50,8 @@ class OldLogpTest(parameterized.TestCase):
   def test_auto_resolves_by_dtype_and_ratio(self, old_logp, dtype, ratio, want):
     config = gspo.get_config()
     config.algo.old_logp, config.model.dtype, config.algo.loss.ratio = old_logp, dtype, ratio
-    self.assertEqual(loop.old_logp_source(config), want)
-    self.assertEqual(loop.training_algo(config).old_logp, want)
+    self.assertEqual(plan.resolve_old_logp(config), want)
+    self.assertEqual(training.make_plan(config).old_logp, want)
     self.assertEqual(config.algo.old_logp, old_logp)  # the user's config is left as it was
 
 

@@ -1,4 +1,4 @@
-"""`launch.train`, except that committing checkpoint PAUSE_STEP hangs: a window to kill in.
+"""`jaxrl-llm-train` (`jaxrl_llm.cli`), except that committing checkpoint PAUSE_STEP hangs: a window to kill in.
 
 orbax writes a checkpoint into a temporary directory and commits it by renaming it to
 the step's name (on gs://, into the step's directory, committed by a commit_success.txt
@@ -14,7 +14,7 @@ import time
 
 from orbax.checkpoint._src.path import atomicity
 
-from launch import train
+from jaxrl_llm import cli
 
 
 def _hang_at_pause_step(commit):
@@ -33,4 +33,4 @@ for _cls in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryP
   _cls.finalize = _hang_at_pause_step(_cls.finalize)
 
 if __name__ == "__main__":
-  train.run()
+  cli.run()

@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import gspo, smoke
 from jaxrl_llm import training
-from jaxrl_llm.training import flops, loop, rollout as rollout_lib
+from jaxrl_llm.training import flops, prepare, rollout as rollout_lib, setup as setup_lib
 
 ROWS = P(("data", "fsdp"))  # the batch rule: rows over data x fsdp
 
@@ -41,11 +41,11 @@ class ShardingTest(absltest.TestCase):
 
   def test_minibatches_and_step_inputs_keep_the_batch_sharding(self):
     config = _gspo_on_eight_devices()
-    m = loop.set_up(config)
-    programs = loop.jit_steps(config, m)
-    arrays = loop.batch_arrays(_rollout(config), config.sampling.num_samples, False)
-    batch, _ = programs.prepare(loop.place_batch(arrays, m.mesh, m.rules), m.policy, m.reference,
-                                m.value)
+    setup = training.set_up(config, training.make_plan(config))
+    m, programs = setup.models, setup.programs
+    arrays = prepare.batch_arrays(_rollout(config), config.sampling.num_samples, False)
+    batch, _ = programs.prepare(prepare.place_batch(arrays, m.mesh, m.rules), m.policy,
+                                m.reference, m.value)
     for name, x in batch.items():
       self.assertEqual(x.sharding.spec, ROWS, name)
     idx = np.random.RandomState(1).permutation(32)[:programs.minibatch_rows]
@@ -56,13 +56,14 @@ class ShardingTest(absltest.TestCase):
       self.assertEqual(x.addressable_shards[0].data.shape[0], 2, name)  # 8 rows over 4 shards
       np.testing.assert_array_equal(np.asarray(x), np.asarray(batch[name])[idx], err_msg=name)
     # The compiled update takes the minibatch as it lies, and the parameters as placed.
-    compiled = programs.policy_update.lower(m.state, minibatch).compile()
+    state = setup_lib.fresh_state(setup, config.seed)
+    compiled = programs.policy_update.lower(state, minibatch).compile()
     state_in, batch_in = compiled.input_shardings[0]
     for name, sharding in batch_in.items():
       self.assertTrue(sharding.is_equivalent_to(NamedSharding(m.mesh, ROWS), 2), name)
     qkv_in = state_in.policy_params["layers"]["attn"]["qkv_proj"]["kernel"]
     self.assertTrue(qkv_in.is_equivalent_to(
-        m.state.policy_params["layers"]["attn"]["qkv_proj"]["kernel"].sharding, 5))
+        state.policy_params["layers"]["attn"]["qkv_proj"]["kernel"].sharding, 5))
 
 
 class ThroughputTest(absltest.TestCase):
@@ -77,7 +78,7 @@ class ThroughputTest(absltest.TestCase):
     for row in rows:
       S0 = s.prompt_buckets[0]
       work = flops.step_flops(
-          loop.model_config(config), config.algo, prompts=config.train.prompts_per_step,
+          setup_lib.model_config(config.model), config.algo, prompts=config.train.prompts_per_step,
           samples=s.num_samples, prompt_len=S0, new_tokens=s.max_new_tokens,
           generated=row["response_length_mean"] * config.train.prompts_per_step * s.num_samples,
           reference=True, value=False, recompute_old_logp=False)

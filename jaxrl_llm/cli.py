@@ -1,0 +1,120 @@
+r"""`jaxrl-llm-train`: trains with a config, parsing flags and then making one library call.
+
+  jaxrl-llm-train --config=grpo:runlocal --workdir=/tmp/grpo --config.train.steps=20
+  python -m launch.train --config=configs/grpo.py:runlocal --workdir=/tmp/grpo \
+      --config.train.steps=200 --config.algo.kl.coef=0
+
+`--config` is a preset name (`grpo`, `ppo:runlocal`; `jaxrl_llm.config.presets.names()`)
+or a config file (`path/to/file.py[:arg]`); `--config.x.y=v` overrides a field.
+
+Several processes (hosts): run the same command on every host, joined by JAX's own
+runtime (`jax.distributed`), e.g. two processes on one machine:
+
+  jaxrl-llm-train ... --coordinator_address=127.0.0.1:12355 --num_processes=2 --process_id=0
+  jaxrl-llm-train ... --coordinator_address=127.0.0.1:12355 --num_processes=2 --process_id=1
+
+The three flags may come from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+JAX_PROCESS_ID instead; on a Cloud TPU pod (or SLURM) `--multihost` lets JAX find them
+(launch/tpu_pod.py starts this command so on every worker of a TPU slice).
+
+Exit status: 0 when the run finished; 75 (EX_TEMPFAIL) when SIGTERM stopped it after
+writing a checkpoint (run the same command again to resume); 2 for a bad flag, config
+file or config value, or a workdir that cannot be written (one line on stderr, before
+anything is loaded); 1 on any other error.
+"""
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "A preset name (grpo, ppo:runlocal) or a config file (path[:arg]).",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and exports.")
+_ADDRESS = flags.DEFINE_string("coordinator_address", "",
+                               "host:port of process 0 (several processes); or "
+                               "$JAX_COORDINATOR_ADDRESS.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
+                                      "Processes in the run; or $JAX_NUM_PROCESSES.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None,
+                                   "This process's index; or $JAX_PROCESS_ID.")
+_MULTIHOST = flags.DEFINE_bool("multihost", False,
+                               "Join a multi-process run that JAX detects itself (Cloud TPU "
+                               "pods, SLURM, Open MPI, Kubernetes).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  # pylint: disable=g-import-not-at-top  (after flag parsing)
+  from jaxrl_llm import config as config_lib
+  from jaxrl_llm import distributed, training
+  from jaxrl_llm.training import guards
+  logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
+  distributed.initialize(_ADDRESS.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                         auto_detect=_MULTIHOST.value)
+  try:
+    training.train(_CONFIG.value, _WORKDIR.value, print_config=True)
+  except config_lib.ConfigError as e:  # raised before anything loads: a usage error
+    _usage_error("; ".join(str(e).splitlines()), flags_help=False)
+  except guards.Preempted as e:
+    print(e, file=sys.stderr)
+    sys.exit(guards.PREEMPTED_EXIT_CODE)
+
+
+def _with_preset_paths(argv: list[str]) -> list[str]:
+  """`--config=NAME[:arg]` -> the preset file's path (`jaxrl_llm.config.presets.path`)."""
+  from jaxrl_llm.config import presets  # pylint: disable=g-import-not-at-top
+  out = []
+  for arg in argv:
+    if arg.startswith("--config="):
+      spec, sep, rest = arg[len("--config="):].partition(":")
+      try:
+        arg = f"--config={presets.path(spec)}{sep}{rest}"
+      except ValueError as e:
+        _usage_error(str(e))
+    out.append(arg)
+  return out
+
+
+def _parse_flags(argv):
+  """absl's flag parsing, with one clear line and exit status 2 for bad flags.
+
+  Covers what absl's own parser reports (a bad value, a missing flag, an error raised by
+  the config file's `get_config`, such as a bad argument after its colon), a misspelt
+  `--config.x.y` override (ml_collections raises before any config exists) and a config
+  file that cannot be loaded.
+  """
+  argv = _with_preset_paths(argv)
+  try:
+    args = flags.FLAGS(argv)
+    _CONFIG.value.keys()  # a config file that failed to load raises its error here
+    return args
+  except (flags.Error, OSError) as e:
+    _usage_error(str(e))
+  except (AttributeError, KeyError) as e:
+    from jaxrl_llm import config as config_lib  # pylint: disable=g-import-not-at-top
+    for arg in argv[1:]:
+      path = arg.lstrip("-").partition("=")[0]
+      if path.startswith("config.") and (error := config_lib.unknown_key(path[len("config."):])):
+        _usage_error(f"{arg}: {error}")
+    _usage_error(f"a --config override: {e}")
+
+
+def _usage_error(message: str, flags_help: bool = True):
+  if "Traceback (most recent call last)" in message:  # keep the config file's own error
+    lines = [line for line in message.splitlines() if line.strip()]
+    message = f"{lines[0]} {lines[-1]}"
+  if flags_help:
+    message += "\nPass --helpshort or --helpfull to see help on flags."
+  print(message, file=sys.stderr)
+  sys.exit(2)
+
+
+def run():
+  app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,42 @@
+"""The group sampler: G completions per prompt, with behaviour log-probs, in one program.
+
+```python
+from jaxrl_llm import sampling
+out = sampling.generate(model, prompts, num_samples=G, max_new_tokens=N,
+                        temperature=1.0, top_k=0, top_p=1.0, eos_ids=(...), seed=0)
+```
+
+One jitted program per (model, prompt bucket, settings): prefill the P prompts once, into a
+KV cache that the G samples of each prompt then share as a read-only prefix (`kv_cache`'s
+shared-prefix layout: the prompt's keys and values are read once per prompt, not once per
+row), then a `lax.while_loop` decodes one token for all B = P*G rows per step until every row
+has finished (EOS or N tokens).
+
+Prompts are left-padded to the smallest bucket length that holds the longest one, so a new
+prompt length inside a bucket reuses the compiled program. The rows' own KV buffers (keys
+[B, K, Dh, N], values [B, K, N, Dh] per layer, one slot per generated token) live in a
+`Sampler` between calls and are donated to each call: their slots are rewritten in place,
+never reallocated.
+
+Behaviour log-prob: for each sampled token, `log_softmax(logits / temperature)` of the
+full vocabulary, taken BEFORE top-k / top-p truncation. This is the quantity the trainer
+recomputes from the policy (same temperature, no truncation), so the importance ratio
+of an on-policy batch is exactly 1 up to numerics. With temperature 0 (greedy) it is
+`log_softmax(logits)`.
+
+Modules: `settings` (what a program is specialised on), `choose` (the token draw),
+`decode` (per-platform tuning of the decode loop: the one place that asks where it runs),
+`sampler` (the program, `Sampler`, `generate`).
+"""
+from jaxrl_llm.sampling.choose import choose_tokens, gumbel_noise
+from jaxrl_llm.sampling.decode import (DECODE_TUNING, DecodeTuning, decode_weight_shardings,
+                                       unrolls_layers)
+from jaxrl_llm.sampling.sampler import (DEFAULT_BUCKETS, GENERATE_CACHE_SIZE, SampleOutput,
+                                        Sampler, bucket_length, free_generate_cache, generate,
+                                        left_pad)
+from jaxrl_llm.sampling.settings import LAYER_LOOPS, WEIGHT_LAYOUTS, SamplingSettings
+
+__all__ = ["DECODE_TUNING", "DEFAULT_BUCKETS", "DecodeTuning", "GENERATE_CACHE_SIZE",
+           "LAYER_LOOPS", "SampleOutput", "Sampler", "SamplingSettings", "WEIGHT_LAYOUTS",
+           "bucket_length", "choose_tokens", "decode_weight_shardings", "free_generate_cache",
+           "generate", "gumbel_noise", "left_pad", "unrolls_layers"]

@@ -1,0 +1,121 @@
+"""How the sampler runs the model on each platform: one table, one platform query.
+
+The model has one way of running its layers (a scan over stacked parameters) and computes
+its RoPE tables plainly. A decode step is tiny (one token per row) and runs thousands of
+times, so two choices that only pay on a CPU live here, in `DECODE_TUNING`, read through
+`tuning(model)` (`jaxrl_llm.platform.of`):
+
+  unroll_max_layers: run the layers as a Python loop over unstacked parameters, each layer
+    with its own cache buffers, for models up to this deep (`SamplingSettings.layer_loop`
+    'auto'). Inside a decode loop a CPU copies the slice of a stacked weight or cache on
+    every step; unrolled, every buffer is read where it lies (README, "Memory, speed and
+    compilation", has the figures), but the program and its compile time grow with depth.
+  rope_by_matmul: repeat the halves of RoPE's angles by a matmul with [I I] (exact: one
+    product by 1 per output) instead of a concatenation, which XLA's CPU backend fuses
+    into every consumer and so recomputes cos and sin per element of every rotated tensor
+    in every layer (an optimization_barrier does not stop it).
+
+Where the weights live while decoding (`SamplingSettings.weight_layout`) is decided here
+too (`decode_weight_shardings`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm import models, platform
+from jaxrl_llm.models import transformer
+from jaxrl_llm.sampling.settings import SamplingSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeTuning:
+  """Per-platform choices of the decode loop (see the module docstring)."""
+  unroll_max_layers: int
+  rope_by_matmul: bool
+
+
+DECODE_TUNING = {
+    "cpu": DecodeTuning(unroll_max_layers=8, rope_by_matmul=True),
+    "gpu": DecodeTuning(unroll_max_layers=0, rope_by_matmul=False),
+    "tpu": DecodeTuning(unroll_max_layers=0, rope_by_matmul=False),
+}
+
+
+def tuning(model: models.Model) -> DecodeTuning:
+  """The row of `DECODE_TUNING` for where `model` lives."""
+  return DECODE_TUNING[platform.of(model.mesh)]
+
+
+def unrolls_layers(settings: SamplingSettings, model: models.Model) -> bool:
+  """Whether sampling runs the layers unrolled (`SamplingSettings.layer_loop`)."""
+  if settings.layer_loop != "auto":
+    return settings.layer_loop == "unrolled"
+  return model.config.num_layers <= tuning(model).unroll_max_layers
+
+
+def decode_weight_shardings(model: models.Model, layout: str):
+  """The shardings of `model`'s (stacked) parameters while decoding, or None to keep them."""
+  if model.mesh is None or layout == "training":
+    return None
+  dropped = {"fsdp"} if layout == "tensor" else {"fsdp", "tensor"}
+  keep = lambda axes: None if axes is None else tuple(
+      a for a in ((axes,) if isinstance(axes, str) else axes) if a not in dropped) or None
+  rules = tuple((name, keep(axes)) for name, axes in model.rules)
+  return models.param_shardings(model.config, model.mesh, rules)
+
+
+def rope_tables(positions_BT: jax.Array, model: models.Model, tune: DecodeTuning):
+  """The model's RoPE tables (`transformer.rope_tables`), computed as `tune` says."""
+  if not tune.rope_by_matmul:
+    return transformer.rope_tables(positions_BT, model.config)
+  freqs_BTf = transformer.rope_angles(positions_BT, model.config)
+  half = freqs_BTf.shape[-1]
+  repeat_fd = np.concatenate([np.eye(half, dtype=np.float32)] * 2, axis=1)  # [I I]
+  both_BTd = lambda table_BTf: jnp.einsum("BTf,fd->BTd", table_BTf, repeat_fd,
+                                          precision=jax.lax.Precision.HIGHEST)
+  return both_BTd(jnp.cos(freqs_BTf)), both_BTd(jnp.sin(freqs_BTf))
+
+
+# --- unrolled layers ------------------------------------------------------------------------------
+def unstack_layers(model: models.Model) -> models.Model:
+  """The model with one parameter tree per layer (a tuple) instead of stacked layers."""
+  layers = model.params["layers"]
+  unstacked = tuple(jax.tree.map(lambda x, i=i: x[i], layers)
+                    for i in range(model.config.num_layers))
+  return model.replace(params=dict(model.params, layers=unstacked))
+
+
+def per_layer(cache: dict) -> tuple[dict, ...]:
+  """A stacked cache (`kv_cache`) as one dict of buffers per layer."""
+  return tuple({name: x[i] for name, x in cache.items()} for i in range(cache["k"].shape[0]))
+
+
+def per_layer_shardings(stacked: dict, num_layers: int) -> tuple[dict, ...]:
+  """The shardings of `per_layer(cache)` from those of the stacked cache."""
+  drop = lambda s: jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(*s.spec[1:]))
+  return tuple({name: drop(s) for name, s in stacked.items()} for _ in range(num_layers))
+
+
+def forward(model: models.Model, tokens_BT, positions_BT, kv_mask_BS, cache, cache_index, *,
+            tune: DecodeTuning, return_hidden: bool = False):
+  """`models.forward` with the decode tuning: stacked parameters run the model's scan,
+  unstacked ones (`unstack_layers`, with a `per_layer` cache) a loop over `Block`s."""
+  rope = rope_tables(positions_BT, model, tune)
+  if not isinstance(model.params["layers"], tuple):
+    return models.forward(model, tokens_BT, positions_BT, kv_mask_BS, cache, cache_index,
+                          return_hidden, rope=rope)
+  apply = lambda method, x: model.module.apply({"params": model.params}, x, method=method)
+  x_BTD = apply(transformer.Transformer.embed_tokens, tokens_BT)
+  block = transformer.Block(model.config, model.mesh, model.rules)
+  new_cache = []
+  for layer_params, layer_cache in zip(model.params["layers"], cache):
+    x_BTD, layer_cache = block.apply({"params": layer_params}, x_BTD, layer_cache, rope,
+                                     kv_mask_BS, cache_index)
+    new_cache.append(layer_cache)
+  x_BTD = apply(transformer.Transformer.normalize, x_BTD)
+  out = x_BTD if return_hidden else apply(transformer.Transformer.unembed, x_BTD)
+  return out, tuple(new_cache)

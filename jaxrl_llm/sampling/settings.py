@@ -1,0 +1,52 @@
+"""What one compiled sampling program is specialised on (`SamplingSettings`)."""
+from __future__ import annotations
+
+import dataclasses
+
+LAYER_LOOPS = ("auto", "scan", "unrolled")
+WEIGHT_LAYOUTS = ("tensor", "replicated", "training")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+  """Static controls of one compiled sampling program.
+
+  `layer_loop`: how prefill and decode steps run the layers. 'scan' reads each layer's
+  weights and cache out of the stacked arrays: the program holds one layer, so its compile
+  time does not grow with depth. 'unrolled' unstacks the weights once per call and loops
+  over layers in Python with one cache buffer per layer (`decode`), so the decode loop
+  reads every buffer where it lies, but the program, and its compile time, grow with
+  depth. 'auto': what the platform's row of `decode.DECODE_TUNING` says.
+
+  `weight_layout`: where the weights live while decoding. Training shards them over `fsdp`
+  (and `tensor`); a decode step that read them there would all-gather every layer's weights
+  for every token. So once per call, before the decode loop, 'tensor' gathers the fsdp
+  shards and keeps the tensor-parallel split (the default), 'replicated' gathers both, and
+  'training' leaves them as they are.
+  """
+  num_samples: int
+  max_new_tokens: int
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  eos_ids: tuple[int, ...] = ()
+  pad_id: int = 0
+  layer_loop: str = "auto"
+  weight_layout: str = "tensor"
+
+  def __post_init__(self):
+    if self.num_samples < 1:
+      raise ValueError(f"num_samples={self.num_samples}: expected >= 1")
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens={self.max_new_tokens}: expected >= 1")
+    if self.temperature < 0:
+      raise ValueError(f"temperature={self.temperature}: expected >= 0 (0 = greedy)")
+    if self.top_k < 0:
+      raise ValueError(f"top_k={self.top_k}: expected >= 0 (0 = off)")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p={self.top_p}: expected 0 < top_p <= 1 (1 = off)")
+    if self.layer_loop not in LAYER_LOOPS:
+      raise ValueError(f"layer_loop={self.layer_loop!r}: expected one of {list(LAYER_LOOPS)}")
+    if self.weight_layout not in WEIGHT_LAYOUTS:
+      raise ValueError(f"weight_layout={self.weight_layout!r}: expected one of "
+                       f"{list(WEIGHT_LAYOUTS)}")

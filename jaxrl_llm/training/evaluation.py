@@ -1,0 +1,102 @@
+"""Held-out evaluation: greedy completions of the eval split, scored by the reward functions.
+
+`Evaluator` is what the trainer logs under `eval/` (`eval/accuracy` is the first reward
+function's mean); `greedy_samples` shows what it scores.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxrl_llm import config as config_lib
+from jaxrl_llm import data, distributed, sampling
+from jaxrl_llm import sharding as sh
+from jaxrl_llm.rewards import RewardSet
+from jaxrl_llm.training import rollout as rollout_lib
+from jaxrl_llm.training import setup as setup_lib
+
+
+class Evaluator:
+  """Greedy completions of the whole eval split; reward means under `eval/`."""
+
+  def __init__(self, config, tokenizer, policy_config):
+    self.config, self.tokenizer = config, tokenizer
+    eos, pad = rollout_lib.eos_ids(tokenizer, policy_config), rollout_lib.pad_id(tokenizer)
+    self.dataset = data.load_dataset(config.data, "eval", task_options=config.data.task_options)
+    self.reward_set = RewardSet.from_config(config.rewards)
+    settings = rollout_lib.sampling_settings(config.sampling, eos, pad, greedy=True)
+    self.sampler = sampling.Sampler(settings, config.sampling.prompt_buckets)
+
+  def complete(self, policy, batch: data.RecordBatch):
+    """Greedy completions of `batch`'s prompts (texts) and their `Rewards`."""
+    tok = data.tokenize_prompts(self.tokenizer, batch.prompts, self.config.data,
+                                self.config.sampling.prompt_buckets, indices=batch.indices)
+    out = self.sampler.sample_local(policy, tok.token_lists, 0)
+    completions = rollout_lib.decode_completions(self.tokenizer, out.tokens, out.lengths)
+    return completions, self.reward_set(batch.prompts, completions, **batch.fields())
+
+  def __call__(self, policy) -> dict[str, float]:
+    values: dict[str, list] = {}
+    valid: list[np.ndarray] = []
+    for batch in data.sequential_batches(self.dataset, self.config.train.prompts_per_step,
+                                         process_index=jax.process_index(),
+                                         process_count=jax.process_count()):
+      _, scored = self.complete(policy, batch)
+      for name, v in [("total", scored.total), *scored.per_function.items()]:
+        values.setdefault(name, []).append(np.where(batch.valid, v, 0.0))
+      valid.append(batch.valid)
+    # Sums over every process's valid records (padding records count for nothing).
+    sums, count = distributed.concat(({k: np.concatenate(v) for k, v in values.items()},
+                                      np.concatenate(valid)))
+    means = {f"eval/reward/{k}": float(v.sum() / count.sum()) for k, v in sums.items()}
+    first = self.reward_set.names[0]
+    means["eval/accuracy"] = means[f"eval/reward/{first}"]  # the first reward function
+    return means
+
+  def report(self, writer, step: int, policy, row: dict | None = None) -> dict[str, float]:
+    """Evaluates `policy`, prints the table line of `step` (with `row`'s training
+    metrics) through `writer`, and returns the eval metrics."""
+    metrics = self(policy)
+    writer.print(self.table_row(step, {**(row or {}), **metrics}))
+    return metrics
+
+  @staticmethod
+  def table_row(step: int, row: dict[str, float]) -> str:
+    text = f"step {step:5d} | held-out accuracy {row['eval/accuracy']:.3f}"
+    for key, name in (("reward_mean", "train reward"), ("loss", "loss")):
+      if key in row:
+        text += f" | {name} {row[key]:.3f}"
+    return text
+
+
+def greedy_samples(config, count: int, model_path: str = "") -> list[dict]:
+  """What the evaluator scores, shown: the first `count` held-out records, answered greedily.
+
+  Args:
+    config: a full config (its model, data, sampling and rewards sections are read).
+    count: how many records, from the start of the eval split.
+    model_path: a Hugging Face directory to load instead of `config.model.path`, e.g. a
+      finished run's `export/`.
+
+  Returns:
+    One dict per record: `prompt`, `completion`, the record's other fields (`answer`, ...),
+    `reward` (the weighted total) and `reward/NAME` for each reward function.
+  """
+  if model_path:
+    config = config.copy_and_resolve_references()
+    config.model.path = model_path
+  config_lib.validate(config)
+  mesh, rules = sh.split_meshes(config.mesh)[0], sh.freeze_rules(config.mesh.rules)
+  tokenizer, policy = setup_lib.load_tokenizer_and_policy(config, mesh, rules)
+  evaluator = Evaluator(config, tokenizer, policy.config)
+  if not 0 < count <= len(evaluator.dataset):
+    raise ValueError(f"count={count}: expected 1 to {len(evaluator.dataset)}, the size of the "
+                     f"eval split of config.data.source={config.data.source!r}")
+  batch = next(data.sequential_batches(evaluator.dataset, count, process_index=jax.process_index(),
+                                       process_count=jax.process_count()))
+  completions, scored = evaluator.complete(policy, batch)
+  fields = batch.fields()
+  return [{"prompt": prompt, "completion": completion, **{k: v[i] for k, v in fields.items()},
+           "reward": float(scored.total[i]),
+           **{f"reward/{name}": float(v[i]) for name, v in scored.per_function.items()}}
+          for i, (prompt, completion) in enumerate(zip(batch.prompts, completions))]

@@ -1,0 +1,87 @@
+"""Where each step's rollout comes from: the training data, the rollout source the plan
+names, and (with `plan.max_async_level > 0`) the asynchronous pipeline, behind one
+interface for the trainer.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from jaxrl_llm import data, sampling
+from jaxrl_llm.rewards import RewardSet
+from jaxrl_llm.training import async_rollouts
+from jaxrl_llm.training import rollout as rollout_lib
+from jaxrl_llm.training.plan import Plan
+from jaxrl_llm.training.setup import Setup, Start
+
+
+class Feed:
+  """The rollout of every step from `start.step` on.
+
+  Synchronous: `get(step, params)` samples and scores with `params` now. Asynchronous:
+  a thread samples ahead (`async_rollouts.RolloutPipeline`) from the versions the
+  trainer `publish`es; `get` waits for step `step`'s rollout.
+  """
+
+  def __init__(self, config, plan: Plan, setup: Setup, start: Start):
+    self.models = setup.models
+    self.step_key = lambda step: jax.random.fold_in(jax.random.PRNGKey(config.seed), step)
+    load = data.load_dataset if plan.completions == "sample" else data.load_demonstrations
+    records = load(config.data, "train", task_options=config.data.task_options)
+    batches = data.prompt_batches(records, config.train.prompts_per_step,
+                                  seed=config.data.shuffle_seed, start=start.data_position,
+                                  process_index=jax.process_index(),
+                                  process_count=jax.process_count())
+    tokenizer, policy = setup.tokenizer, setup.models.policy
+    eos = rollout_lib.eos_ids(tokenizer, policy.config)
+    if plan.completions == "sample":
+      pad = rollout_lib.pad_id(tokenizer)
+      sampler = sampling.Sampler(rollout_lib.sampling_settings(config.sampling, eos, pad),
+                                 config.sampling.prompt_buckets)
+      self.source = rollout_lib.SampledRollouts(config, tokenizer, batches, sampler,
+                                                RewardSet.from_config(config.rewards))
+    else:
+      self.source = rollout_lib.DatasetRollouts(config, tokenizer, batches, eos)
+    self.pipeline = None
+    if plan.max_async_level > 0:
+      self.pipeline = async_rollouts.RolloutPipeline(
+          self.source, policy if setup.models.rollout_policy is None
+          else setup.models.rollout_policy, start=start.step,
+          steps=config.train.steps, max_async_level=plan.max_async_level,
+          step_key=self.step_key)
+    self.staleness: list[int] = []  # per step since the last `async_metrics`
+
+  def publish(self, version: int, params) -> None:
+    """Hands the pipeline the policy after `version` updates (synchronous: nothing)."""
+    if self.pipeline is not None:
+      self.pipeline.publish(version, params)
+
+  def get(self, step: int, params) -> tuple[rollout_lib.Rollout, float, float]:
+    """(step `step`'s rollout, seconds spent sampling it, seconds spent scoring it).
+
+    With a pipeline the reward ran in its thread: the wait is all this step spent."""
+    t0 = time.perf_counter()
+    if self.pipeline is None:
+      rollout = self.source(self.models.sampling_policy(params), self.step_key(step))
+    else:
+      rollout = self.pipeline.get(step)
+      self.staleness.append(step - rollout.policy_version)
+    t_reward = rollout.metrics.pop("reward_time_s", 0.0)
+    t_sample = time.perf_counter() - t0 - (t_reward if self.pipeline is None else 0.0)
+    return rollout, t_sample, t_reward
+
+  def async_metrics(self, rollout: rollout_lib.Rollout) -> dict[str, float]:
+    """Staleness since the last call (asynchronous rollouts only)."""
+    if self.pipeline is None:
+      return {}
+    row = {"async/staleness_mean": float(np.mean(self.staleness)),
+           "async/staleness_max": float(np.max(self.staleness)),
+           "async/policy_version": float(rollout.policy_version)}
+    self.staleness = []
+    return row
+
+  def close(self) -> None:
+    if self.pipeline is not None:
+      self.pipeline.close()

@@ -1,0 +1,193 @@
+"""Set-up: the mesh, the models, the optimizer, the state's layout, the compiled programs,
+and where a run starts (fresh, or resumed from the workdir's latest checkpoint).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm import checkpoints, data, models
+from jaxrl_llm import sharding as sh
+from jaxrl_llm.data import char_tokenizer
+from jaxrl_llm.models import load
+from jaxrl_llm.models.config import ModelConfig, from_hf_dict
+from jaxrl_llm.training import programs as programs_lib
+from jaxrl_llm.training import state as state_lib
+from jaxrl_llm.training.plan import Plan
+
+
+def model_config(m) -> ModelConfig:
+  """The policy's architecture from `config.model` (`m`): its `path`'s config.json, or `arch`."""
+  if m.path:
+    return from_hf_dict(load.read_config(m.path), dtype=m.dtype, param_dtype=m.param_dtype,
+                        remat=m.remat, attention=m.attention)
+  a = m.arch
+  return ModelConfig(
+      model_type=a.model_type, vocab_size=a.vocab_size, hidden_size=a.hidden_size,
+      intermediate_size=a.intermediate_size, num_layers=a.num_layers, num_heads=a.num_heads,
+      num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, rope_theta=a.rope_theta,
+      rms_norm_eps=a.rms_norm_eps, tie_word_embeddings=a.tie_word_embeddings,
+      max_position_embeddings=a.max_position_embeddings, qkv_bias=a.model_type == "qwen2",
+      qk_norm=a.model_type == "qwen3", dtype=m.dtype, param_dtype=m.param_dtype,
+      remat=m.remat, attention=m.attention, eos_token_id=char_tokenizer.EOS_ID,
+      pad_token_id=char_tokenizer.PAD_ID, bos_token_id=char_tokenizer.BOS_ID)
+
+
+def load_tokenizer_and_policy(config, mesh, rules):
+  """The policy (HF directory, or the in-config architecture) and its tokenizer."""
+  m = config.model
+  cfg = model_config(m)
+  if m.path:
+    policy = models.place(models.Model(load.load_params(m.path, cfg), cfg), mesh, rules)
+    tokenizer = data.load_tokenizer(m.tokenizer_path or m.path)
+  else:
+    policy = models.init(cfg, jax.random.PRNGKey(config.seed), mesh=mesh, rules=rules)
+    tokenizer = (data.load_tokenizer(m.tokenizer_path) if m.tokenizer_path
+                 else char_tokenizer.build_char_tokenizer(vocab_size=cfg.vocab_size))
+  if len(tokenizer) > policy.config.vocab_size:
+    source = (f"config.model.tokenizer_path={m.tokenizer_path or m.path!r}" if m.path or
+              m.tokenizer_path else "the built-in character tokenizer")
+    size = "config.json's vocab_size" if m.path else "config.model.arch.vocab_size"
+    raise ValueError(f"{source} has {len(tokenizer)} tokens but the model's vocab_size ({size}) "
+                     f"is {policy.config.vocab_size}: expected a tokenizer of at most "
+                     f"{policy.config.vocab_size} tokens; the tokenizer does not fit the model")
+  return tokenizer, policy
+
+
+@dataclasses.dataclass
+class Models:
+  """The models of a run, placed on one mesh.
+
+  Attributes:
+    mesh, rules: the device mesh and the logical-axis rules.
+    policy, reference, value: `models.Model`s (reference/value None when the plan has
+      none); the policy's and critic's trained parameters live in the train state.
+    rollout_policy: with split placement (`config.mesh.rollout_devices`), the policy placed
+      on the sampler's own mesh (a copy of the initial parameters); None otherwise.
+  """
+  mesh: Any
+  rules: Any
+  policy: models.Model
+  reference: models.Model | None
+  value: models.Model | None
+  rollout_policy: models.Model | None = None
+
+  def sampling_policy(self, params) -> models.Model:
+    """The policy with `params` where the sampler runs: on the rollout mesh (one
+    `device_put` across meshes) with split placement, else as it is."""
+    if self.rollout_policy is None:
+      return self.policy.replace(params=params)
+    shardings = jax.tree.map(lambda x: x.sharding, self.rollout_policy.params)
+    return self.rollout_policy.replace(params=jax.device_put(params, shardings))
+
+
+@dataclasses.dataclass
+class Setup:
+  """What a run is made of (made by `set_up`).
+
+  Attributes:
+    models: the placed models.
+    tokenizer: the policy's tokenizer (None when abstract).
+    schedule, optimizer: the learning-rate schedule (per optimizer update) and the optax
+      transformation following it.
+    layout: the TrainState's shapes, dtypes and shardings (`state.abstract_state`): where
+      every program, fresh state and restored checkpoint keeps it.
+    programs: the compiled programs of a step.
+  """
+  models: Models
+  tokenizer: Any
+  schedule: Any
+  optimizer: Any
+  layout: state_lib.TrainState
+  programs: programs_lib.Programs
+
+
+def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
+  """The mesh, the models, the optimizer and the compiled programs of a (validated) config.
+
+  `abstract`: shapes and shardings only (`jax.ShapeDtypeStruct`s for every parameter, no
+  tokenizer): nothing loads and nothing is allocated, so a model too large for this
+  machine can still be compiled and its memory analysed (bench/train_step.py).
+  """
+  mesh, rollout_mesh = sh.split_meshes(config.mesh, devices)
+  rules = sh.freeze_rules(config.mesh.rules)
+  abstract_model = lambda cfg: models.Model(models.abstract_params(cfg, mesh, rules), cfg, mesh,
+                                            rules)
+  if abstract:
+    tokenizer, policy = None, abstract_model(model_config(config.model))
+  else:
+    tokenizer, policy = load_tokenizer_and_policy(config, mesh, rules)
+  rollout_policy = reference = value = None
+  if rollout_mesh is not None and not abstract:
+    rollout_policy = models.place(policy, rollout_mesh, rules)
+  if plan.reference:
+    reference = policy if abstract else policy.replace(params=jax.tree.map(jnp.copy, policy.params))
+  if plan.value_model:
+    value = (abstract_model(policy.config.replace(head="value")) if abstract
+             else models.value_model(policy))
+  trained = Models(mesh, rules, policy, reference, value, rollout_policy)
+  # One schedule: the optimizer follows it and the `lr` metric reads it.
+  schedule = state_lib.make_schedule(config.optimizer, config.train.steps * plan.updates_per_step)
+  optimizer = state_lib.make_optimizer(config.optimizer, schedule)
+  layout = state_lib.abstract_state(
+      optimizer, models.abstract_params(policy.config, mesh, rules),
+      None if value is None else models.abstract_params(value.config, mesh, rules))
+  programs = programs_lib.compile_programs(config, plan, trained, optimizer, layout)
+  return Setup(trained, tokenizer, schedule, optimizer, layout, programs)
+
+
+def fresh_state(setup: Setup, seed: int) -> state_lib.TrainState:
+  """The state a run starts from: the models' initial parameters, new optimizer states."""
+  value = setup.models.value
+  return state_lib.init_state(setup.optimizer, setup.models.policy.params,
+                              None if value is None else value.params, seed, setup.layout)
+
+
+# --- resume ---------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Start:
+  """Where a run starts: its state, the step and data position, the skip counters."""
+  state: state_lib.TrainState
+  step: int = 0
+  data_position: int = 0
+  skipped_steps: int = 0
+  consecutive_skips: int = 0
+
+
+def fingerprint(setup: Setup) -> dict[str, Any]:
+  """What a checkpoint's state shapes depend on; a resume must match it."""
+  c = setup.models.policy.config
+  return {"model": {k: v for k, v in dataclasses.asdict(c).items()
+                    if k not in ("remat", "attention", "bos_token_id", "eos_token_id", "pad_token_id")},
+          "param_layout": models.PARAM_LAYOUT, "value_model": setup.models.value is not None}
+
+
+def _differences(saved, wanted, prefix="") -> str:
+  """'model.hidden_size: 64 in the checkpoint, 32 in this config; ...' for two fingerprints."""
+  if isinstance(saved, dict) and isinstance(wanted, dict):
+    parts = [_differences(saved.get(k), wanted.get(k), f"{prefix}{k}.")
+             for k in sorted(set(saved) | set(wanted))]
+    return "; ".join(p for p in parts if p)
+  if saved == wanted or (isinstance(saved, list) and tuple(saved) == wanted):
+    return ""
+  return f"{prefix[:-1]}: {saved!r} in the checkpoint, {wanted!r} in this config"
+
+
+def start_point(setup: Setup, ckpt: checkpoints.Checkpointer, workdir: str, seed: int) -> Start:
+  """A fresh start, or the workdir's latest checkpoint restored into the layout (refused
+  when it was written by a config whose state has other shapes)."""
+  latest = ckpt.latest_step()
+  if latest is None:
+    return Start(fresh_state(setup, seed))
+  meta = ckpt.read_meta(latest)
+  if meta.get("fingerprint") != fingerprint(setup):
+    raise ValueError(f"the checkpoint at step {latest} in {workdir!r} was written by an "
+                     "incompatible config: "
+                     f"{_differences(meta.get('fingerprint'), fingerprint(setup))}; "
+                     "expected the same model (or a fresh workdir)")
+  state, meta = ckpt.restore(latest, setup.layout)
+  return Start(state, int(meta["step"]), int(meta["data_position"]),
+               int(meta.get("skipped_steps", 0)), int(meta.get("consecutive_skips", 0)))
