@@ -1,26 +1,35 @@
-# `make demo` and `make test` set themselves up from a clean clone.
+# `make demo` and `make test` set themselves up from a clean clone, each with what it needs:
+# the demo the package and its demo extras (no PyTorch), the tests the test extras as well.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
+TEST_STAMP := $(VENV)/.test-installed
 DEMO_DIR ?= workdir/demo
 
 .PHONY: demo test install clean
 
-$(STAMP): setup.py
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,demo]"
-	touch $(STAMP)
 
-install: $(STAMP)
+$(DEMO_STAMP): setup.py | $(PY)
+	$(PY) -m pip install -q -e ".[demo]"
+	touch $@
+
+$(TEST_STAMP): setup.py | $(PY)
+	$(PY) -m pip install -q -e ".[test,demo]"
+	touch $@ $(DEMO_STAMP)
+
+# The full development environment (what the tests and the benchmarks use).
+install: $(TEST_STAMP)
 
 # GRPO on arithmetic from the shipped warm start, on the CPU; see configs/grpo_arithmetic.py.
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	rm -rf $(DEMO_DIR)
 	JAX_PLATFORMS=cpu $(PY) -m launch.demo --workdir=$(DEMO_DIR)
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q tests
 
 clean:

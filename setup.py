@@ -45,6 +45,7 @@ setuptools.setup(
         # gs:// workdirs and model paths (jaxrl_llm/paths.py); pulls google-cloud-storage,
         # which tensorboardX uses for gs:// events.
         "gcs": ["gcsfs"],
-        "demo": ["matplotlib"],
+        # make demo: the curves plot, and TensorBoard to read WORKDIR/tb/ (no PyTorch)
+        "demo": ["matplotlib", "tensorboard"],
     },
 )

@@ -34,7 +34,8 @@ def run(preset: str, steps: int, workdir: str) -> dict:
   if proc.returncode:
     raise RuntimeError(f"{preset} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
   rows = plots.read_metrics(os.path.join(workdir, "metrics.jsonl"))
-  evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+  accuracy = "eval/reward/arithmetic_exact"  # the task's exact-match reward
+  evals = {r["step"]: r[accuracy] for r in rows if accuracy in r}
   rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
   return dict(evals=evals, reward=sum(rewards[-10:]) / len(rewards[-10:]), wall=wall)
 

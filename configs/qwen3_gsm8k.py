@@ -7,26 +7,29 @@ accuracy on GSM8K's test split. The variants set the mesh, the batch and the
 micro-batches for one hardware; the algorithm and lengths are the same on all three.
 
 Set-up (once; nothing downloads at run time):
-  hf download Qwen/Qwen3-0.6B --local-dir Qwen3-0.6B     # or Qwen/Qwen3-1.7B (huggingface_hub)
-  python -m launch.prepare_gsm8k --tfds_data_dir=$HOME/tensorflow_datasets --output_dir=gsm8k
+  hf download Qwen/Qwen3-0.6B --local-dir $HOME/models/Qwen3-0.6B   # or Qwen/Qwen3-1.7B
+  python -m launch.prepare_gsm8k --tfds_data_dir=$HOME/tensorflow_datasets \
+      --output_dir=$HOME/data/gsm8k
   # or --gsm8k_jsonl_dir=grade-school-math/grade_school_math/data (openai/grade-school-math)
 
-Run:  (from the repository root, with Qwen3-0.6B/ and gsm8k/ made there: the paths are
-      relative to the working directory; elsewhere set --config.model.path and
-      --config.data.source='jsonl:DIR/{split}.jsonl', gs:// too. A TPU slice from an empty
-      Google Cloud project: docs/tpu.md)
-  python -m launch.train --config=configs/qwen3_gsm8k.py:gpu_1,size=0.6b --workdir=/tmp/q06
-  python -m launch.train --config=configs/qwen3_gsm8k.py:tpu_v5e_8,size=1.7b --workdir=/tmp/q17
-  python launch/tpu_pod.py train --name=pod --zone=us-east5-a --accelerator=v5p-32 \
-      --config=configs/qwen3_gsm8k.py:tpu_v5p_32,size=1.7b --workdir=gs://BUCKET/q17
-  python -m launch.train --config=configs/qwen3_gsm8k.py:runlocal --workdir=/tmp/q_local
+Run: the model and the data are yours to name (local or gs://); the recipe refuses to
+start without them (`config.REQUIRED`):
+  jaxrl-llm-train --config=qwen3_gsm8k:tpu_v5e_8,size=0.6b --workdir=$HOME/runs/q06 \
+      --config.model.path=$HOME/models/Qwen3-0.6B \
+      --config.data.source="jsonl:$HOME/data/gsm8k/{split}.jsonl"
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 jaxrl-llm-train --config=qwen3_gsm8k:gpu_1,size=1.7b \
+      --workdir=$HOME/runs/q17 --config.model.path=$HOME/models/Qwen3-1.7B \
+      --config.data.source="jsonl:$HOME/data/gsm8k/{split}.jsonl"
+  A TPU slice from an empty Google Cloud project, with both on gs://: docs/tpu.md.
+  `--dry_run` checks a command (the config, the workdir, the model directory and the data)
+  and prints the plan without loading the model.
 Hardware: gpu_1 is one 80 GB GPU (A100/H100); tpu_v5e_8 one v5litepod-8 host (8 chips,
 16 GB each; unchanged it also runs on a v5litepod-16, data=2); tpu_v5p_32 a v5p-32 slice
 (16 chips of 95 GB on 4 hosts; JAX sees one device per chip). With no hardware named,
 the gpu_1 values.
 Expected result: not measured. This machine has no accelerator and no Qwen3 weights
 (nothing downloads here), so no step of this recipe has run at these sizes. What is
-tested: every variant passes `validate_config` on its device count (1, 8, 16 and a
+tested: every variant passes `config.validate` on its device count (1, 8, 16 and a
 v5e-16's 16 devices on 4 processes), the mesh divides the Qwen3 shapes it shards, and
 `runlocal` trains two steps end to end on a tiny random Qwen3 checkpoint with a chat
 template and GSM8K records (tests/qwen3_gsm8k_config_test.py). The memory figures
@@ -111,7 +114,7 @@ def get_config(arg=None):
   config = config_lib.preset("grpo")  # the GRPO axes, unchanged
 
   m = config.model
-  m.path = f"Qwen3-{arg.size.upper()}"  # a local HF directory (or gs://); see the docstring
+  m.path = config_lib.REQUIRED  # Qwen3-0.6B or -1.7B, a local HF directory or gs://
   m.dtype, m.param_dtype = "bfloat16", "float32"  # bf16 compute, float32 master weights
   m.remat = "full"  # keep each layer's input only: activations are rows x 896 x D per layer
   # Read only when model.path is '': a random Qwen3-shaped model (timing without weights;
@@ -129,7 +132,7 @@ def get_config(arg=None):
   s.temperature = 1.0
 
   d = config.data
-  d.source = "jsonl:gsm8k/{split}.jsonl"  # launch/prepare_gsm8k.py writes train/eval
+  d.source = config_lib.REQUIRED  # 'jsonl:DIR/{split}.jsonl': launch/prepare_gsm8k.py writes DIR
   d.chat_template = True  # the question as one user turn of Qwen3's template
 
   config.rewards.functions = ("jaxrl_llm.rewards.gsm8k:gsm8k_exact",

@@ -17,12 +17,15 @@ The three flags may come from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
 JAX_PROCESS_ID instead; on a Cloud TPU pod (or SLURM) `--multihost` lets JAX find them
 (launch/tpu_pod.py starts this command so on every worker of a TPU slice).
 
-Exit status: 0 when the run finished; 75 (EX_TEMPFAIL) when SIGTERM stopped it after
-writing a checkpoint (run the same command again to resume); 2 for a bad flag, config
-file or config value, or a workdir that cannot be written (one line on stderr, before
-anything is loaded); 1 on any other error.
+Exit status: 0 when the run finished; 75 (EX_TEMPFAIL) when SIGTERM or a Ctrl-C stopped
+it after writing a checkpoint (run the same command again to resume); 130 when a second
+Ctrl-C stopped it at once; 2 for a bad flag, config file or config value, or a workdir
+that cannot be written, or data that cannot be trained on (one line on stderr, before any
+model loads); 1 on any other error (one line naming the cause last; the traceback in
+WORKDIR/error.log, and on screen with --verbose).
 """
 import sys
+import traceback
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -41,6 +44,13 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None,
 _MULTIHOST = flags.DEFINE_bool("multihost", False,
                                "Join a multi-process run that JAX detects itself (Cloud TPU "
                                "pods, SLURM, Open MPI, Kubernetes).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Check the config, the model directory and the "
+                             "data, print the plan, and exit: nothing is loaded or written.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "On an error once training has started, also "
+                             "print its traceback (it is always written to WORKDIR/error.log).")
+_RESUME_WITH_CHANGES = flags.DEFINE_bool(
+    "resume_with_changes", False, "Resume a workdir whose checkpoint was written by another "
+    "algorithm or model (config.algo, config.model) instead of refusing it.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -55,12 +65,53 @@ def main(argv):
   distributed.initialize(_ADDRESS.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                          auto_detect=_MULTIHOST.value)
   try:
-    training.train(_CONFIG.value, _WORKDIR.value, print_config=True)
+    if _DRY_RUN.value:
+      config_lib.validate(_CONFIG.value, data=True)
+      print(f"{_CONFIG.value}\n{training.make_plan(_CONFIG.value).describe()}\ndry run: the "
+            "config, the model directory and the data check out; nothing was loaded or written")
+      return
+    training.train(_CONFIG.value, _WORKDIR.value, print_config=True,
+                   resume_with_changes=_RESUME_WITH_CHANGES.value)
   except config_lib.ConfigError as e:  # raised before anything loads: a usage error
     _usage_error("; ".join(str(e).splitlines()), flags_help=False)
   except guards.Preempted as e:
     print(e, file=sys.stderr)
     sys.exit(guards.PREEMPTED_EXIT_CODE)
+  except KeyboardInterrupt:  # Ctrl-C twice, or once before training started
+    print("aborted (Ctrl-C): no checkpoint written; the steps since the last one are lost",
+          file=sys.stderr)
+    sys.exit(130)
+  except Exception as e:  # noqa: BLE001 -- the run's own failure, once training started
+    log = _write_error_log(_WORKDIR.value)
+    if _VERBOSE.value:
+      traceback.print_exc()
+    print(f"the run failed: {_causes(e)} (traceback in {log})", file=sys.stderr)
+    sys.exit(1)
+
+
+def _causes(error: BaseException) -> str:
+  """'Outer: message; caused by Inner: message', on one line: the root cause last."""
+  chain, seen = [], set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    chain.append(f"{type(error).__name__}: {error}")
+    error = error.__cause__ or error.__context__
+  return "; caused by ".join(" ".join(str(c).split()) for c in chain)
+
+
+def _write_error_log(workdir: str) -> str:
+  """The current exception's traceback in WORKDIR/error.log (error.N.log for process N > 0);
+  returns where it went ('stderr' when the workdir cannot take it)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jaxrl_llm import paths  # pylint: disable=g-import-not-at-top
+  index = jax.process_index()
+  path = paths.join(workdir, "error.log" if index == 0 else f"error.{index}.log")
+  try:
+    paths.write_atomic(path, traceback.format_exc())
+    return path
+  except (OSError, ValueError):
+    traceback.print_exc()
+    return "stderr"
 
 
 def _with_preset_paths(argv: list[str]) -> list[str]:
@@ -87,6 +138,10 @@ def _parse_flags(argv):
   file that cannot be loaded.
   """
   argv = _with_preset_paths(argv)
+  overrides = [a.lstrip("-").partition("=")[0] for a in argv[1:] if a.startswith("--config.")]
+  twice = sorted({o for o in overrides if overrides.count(o) > 1})
+  if twice:  # ml_collections would concatenate two tuple values silently
+    _usage_error(f"--{twice[0]} is given more than once: expected each override once")
   try:
     args = flags.FLAGS(argv)
     _CONFIG.value.keys()  # a config file that failed to load raises its error here
@@ -113,6 +168,8 @@ def _usage_error(message: str, flags_help: bool = True):
 
 
 def run():
+  if {"-h", "--help", "--helpshort", "--helpfull"} & set(sys.argv[1:]):  # help is a success
+    app.usage(shorthelp="--helpfull" not in sys.argv, writeto_stdout=True, exitcode=0)
   app.run(main, flags_parser=_parse_flags)
 
 

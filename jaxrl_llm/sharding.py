@@ -110,6 +110,10 @@ def split_meshes(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> tuple
   n = int(mesh_cfg.rollout_devices)
   if n == 0:
     return make_mesh(mesh_cfg, devices), None
+  if n > 0 and len(devices) < 2:
+    raise ValueError(f"config.mesh.rollout_devices={n} gives the sampler devices of its own, "
+                     f"which needs at least 2 devices; there is {len(devices)}: expected 0 (on a "
+                     "CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N devices)")
   if not 0 < n < len(devices):
     raise ValueError(f"config.mesh.rollout_devices={n}: expected 0 (shared placement) or 1 to "
                      f"{len(devices) - 1}, leaving the trainer at least one of the "

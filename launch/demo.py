@@ -20,16 +20,18 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   from jaxrl_llm import paths, plots, training  # pylint: disable=g-import-not-at-top
+  from jaxrl_llm.training import evaluation  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
   workdir = _WORKDIR.value
   training.train(_CONFIG.value, workdir)
   metrics = paths.join(workdir, "metrics.jsonl")
   png = paths.join(workdir, "curves.png")
-  plots.plot_curves(metrics, png, ("reward_mean", "eval/accuracy"),
+  accuracy = evaluation.headline_key(_CONFIG.value.rewards)  # the exact-match reward's mean
+  plots.plot_curves(metrics, png, ("reward_mean", accuracy),
                     title="GRPO on arithmetic (CPU demo)")
-  evals = [r for r in plots.read_metrics(metrics) if "eval/accuracy" in r]
-  print(f"\nheld-out accuracy: {evals[0]['eval/accuracy']:.3f} at step {evals[0]['step']} -> "
-        f"{evals[-1]['eval/accuracy']:.3f} at step {evals[-1]['step']}")
+  evals = [r for r in plots.read_metrics(metrics) if accuracy in r]
+  print(f"\nheld-out accuracy ({accuracy}): {evals[0][accuracy]:.3f} at step "
+        f"{evals[0]['step']} -> {evals[-1][accuracy]:.3f} at step {evals[-1]['step']}")
   print(f"curves: {png}\nmodel:  {paths.join(workdir, 'export')}")
 
 

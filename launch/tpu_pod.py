@@ -467,6 +467,32 @@ def create_queued(accelerator: str):
        "then install.")
 
 
+def config_error(spec: str) -> str | None:
+  """Why the workers could not load `--config` (None: they can), checked here first.
+
+  A preset name or a file relative to the repository root (what the workers run in), with
+  its argument after the colon: the file must exist, and where this machine has
+  jaxrl_llm (a checkout after `make install`) the config is built, so a misspelt variant
+  fails here rather than on every worker.
+  """
+  name, sep, arg = spec.partition(":")
+  if not name.endswith(".py"):
+    name = os.path.join("configs", name + ".py")
+  path = os.path.join(REPO, name)
+  if not os.path.isfile(path):
+    return f"--config={spec!r}: no file {name!r} in this repository (expected a preset name " \
+           "or a config file relative to its root)"
+  try:
+    from jaxrl_llm.config import presets  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None  # the launcher's own environment: absl only
+  try:
+    presets.load(path + sep + arg)
+  except Exception as e:  # noqa: BLE001 -- any error of the config file is the user's to see
+    return f"--config={spec!r}: {type(e).__name__}: {e}"
+  return None
+
+
 def _check_args(argv) -> tuple[str, list[str], int | None]:
   """The command, its extra arguments and the slice's worker count; exits 2 on a bad flag."""
   if len(argv) < 2 or argv[1] not in COMMANDS:
@@ -503,6 +529,8 @@ def _check_args(argv) -> tuple[str, list[str], int | None]:
                  f"{workers} workers: each would write its own part of every checkpoint "
                  "(orbax needs one directory all processes share): expected gs://BUCKET/PATH "
                  "(or --shared_workdir for a shared mount)")
+  if command == "train" and (error := config_error(_CONFIG.value)):
+    _usage_error(error)
   if command == "stop" and workers > 1:
     _usage_error(f"{accelerator} has {workers} workers; the TPU API stops single-host slices "
                  "only: `halt` the run and `delete` the slice instead")
@@ -539,4 +567,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  if {"-h", "--help", "--helpshort", "--helpfull"} & set(sys.argv[1:]):  # help is a success
+    app.usage(shorthelp="--helpfull" not in sys.argv, writeto_stdout=True, exitcode=0)
   app.run(main)

@@ -72,5 +72,30 @@ class NonEditableInstallTest(absltest.TestCase):
     self.assertTrue(os.path.isfile(os.path.join(workdir, "export", "config.json")))
 
 
+@pytest.mark.slow
+class DemoEnvironmentTest(absltest.TestCase):
+
+  def test_make_demo_installs_the_demo_extras_only(self):
+    """`make demo` from a clean clone: the package with its demo extras, which pip resolves
+    without PyTorch (the test extras bring it, for the parity tests)."""
+    plan = run(["make", "-n", "-B", "demo"], cwd=REPO).stdout
+    installs = [line for line in plan.splitlines() if "pip install" in line and " -e " in line]
+    self.assertEqual(len(installs), 1, plan)
+    self.assertIn('-e ".[demo]"', installs[0])
+    tmp = self.create_tempdir().full_path
+    venv = os.path.join(tmp, "venv")
+    run([sys.executable, "-m", "venv", "--without-pip", venv])
+    report = os.path.join(tmp, "report.json")
+    # What pip would install into a fresh environment (resolved from the registry; nothing
+    # installed): the demo's dependencies.
+    run([sys.executable, "-m", "pip", "--python", os.path.join(venv, "bin", "python"), "install",
+         "-q", "--dry-run", "--ignore-installed", "--report", report, REPO + "[demo]"])
+    with open(report) as f:
+      names = {item["metadata"]["name"].lower() for item in json.load(f)["install"]}
+    self.assertIn("tensorboard", names)
+    self.assertIn("matplotlib", names)
+    self.assertNotIn("torch", names)
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -44,9 +44,10 @@ def tiny_qwen3(path: str) -> str:
 
 
 def validate(arg: str, model_path: str, num_devices: int, num_processes: int):
-  """validate_config on the first `num_devices` devices as `num_processes` hosts; the mesh."""
+  """config.validate on the first `num_devices` devices as `num_processes` hosts; the mesh."""
   config = qwen3_gsm8k.get_config(arg)
   config.model.path = model_path
+  config.data.source = "jsonl:/data/gsm8k/{split}.jsonl"  # not opened: data=False
   devices = jax.devices()[:num_devices]
   assert len(devices) == num_devices, f"{len(devices)} devices here, expected {num_devices}"
   with mock.patch.object(jax, "process_count", return_value=num_processes):
@@ -86,7 +87,13 @@ class Qwen3Gsm8kConfigTest(parameterized.TestCase):
                      ("bfloat16", "float32", "full"))
     self.assertTrue(config.data.chat_template)
     self.assertEqual(config.model.path, self.model)
-    self.assertEqual(qwen3_gsm8k.get_config(f"size={size}").model.path, f"Qwen3-{size.upper()}")
+    # The model and the data are the user's to name: the recipe refuses to start without.
+    unset = qwen3_gsm8k.get_config(f"{hardware},size={size}")
+    unset.data.source = "jsonl:/data/gsm8k/{split}.jsonl"
+    with self.assertRaisesWithLiteralMatch(
+        config_lib.ConfigError, "config.model.path is required by this preset: set it, e.g. "
+        "--config.model.path=..."):
+      config_lib.validate(unset, jax.devices()[:num_devices])
 
   def test_pod_variants_validate_on_16_devices(self):
     script = ("import sys; from tests import qwen3_gsm8k_config_test as t; "

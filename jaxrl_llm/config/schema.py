@@ -12,6 +12,9 @@ from __future__ import annotations
 import ml_collections
 
 ConfigDict = ml_collections.ConfigDict
+# A preset sets a field to this when only the user can fill it (a model or data path);
+# `validate` refuses the config until the field is set.
+REQUIRED = "<required>"
 
 
 def model_config() -> ConfigDict:

@@ -16,7 +16,8 @@ from absl import logging
 
 from jaxrl_llm import paths, sampling
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.config import algo_checks, schema
+from jaxrl_llm.config import algo_checks, inputs, schema
+from jaxrl_llm.config.errors import ConfigError
 from jaxrl_llm.data import char_tokenizer, prompts, sources
 from jaxrl_llm.models import config as model_config
 from jaxrl_llm.models import load as model_load
@@ -27,19 +28,18 @@ OPTIMIZERS = ("adamw",)
 SCHEDULES = ("constant", "cosine")
 
 
-class ConfigError(ValueError):
-  """A config value (or the workdir) is unusable; raised before anything loads."""
-
-
-def validate(config, devices=None) -> None:
+def validate(config, devices=None, workdir: str | None = None, data: bool = False) -> None:
   """Raises `ConfigError` for the first section with a bad value.
 
   Args:
     config: a full config (`schema.base_config()` plus a preset's changes).
     devices: the devices of the mesh (default: all devices of all processes).
+    workdir: also check that this run directory can be written (`check_writable`).
+    data: also open and check the data the run reads (`inputs.check_inputs`).
   """
   try:
     check_known_keys(config)
+    _check_required(config)
     algo_checks.validate_algo(config.algo, config.sampling.num_samples)
     _check_optimizer(config.optimizer)
     _check_sizes(config)
@@ -50,6 +50,10 @@ def validate(config, devices=None) -> None:
     _check_batch_shards(config, devices)
     _check_model(config.model)
     RewardSet.from_config(config.rewards)  # resolves the functions, checks the weights
+    if workdir is not None:
+      check_writable(workdir)
+    if data:
+      inputs.check_inputs(config)
   except ConfigError:
     raise
   except (ValueError, OSError, ImportError, AttributeError) as e:
@@ -120,6 +124,22 @@ def _compare_keys(config, group, prefix: str, errors: list[str]) -> None:
   for key in group.keys():
     if key not in config:
       errors.append(f"{prefix}.{key} is missing; jaxrl_llm.config.base_config() sets it")
+
+
+def _check_required(config) -> None:
+  """Fields a preset left to the user (`schema.REQUIRED`), all named in one line."""
+  def unset(group, prefix):
+    for key in group.keys():
+      value, name = group[key], f"{prefix}.{key}"
+      if _is_group(value):
+        yield from unset(value, name)
+      elif value == schema.REQUIRED:
+        yield name
+  names = list(unset(config, "config"))
+  if names:
+    raise ConfigError(f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} required by "
+                      f"this preset: set {'it' if len(names) == 1 else 'them'}, e.g. "
+                      f"--{names[0]}=...")
 
 
 # --- sections -------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from jaxrl_llm.data.prompts import TokenizedPrompts
 from jaxrl_llm.data.prompts import encode_prompts
 from jaxrl_llm.data.prompts import load_tokenizer
 from jaxrl_llm.data.prompts import pad_to_bucket
+from jaxrl_llm.data.prompts import run_tokenizer
 from jaxrl_llm.data.prompts import tokenize_prompts
 from jaxrl_llm.data.sources import load_dataset
 from jaxrl_llm.data.sources import load_demonstrations

@@ -45,6 +45,15 @@ class TokenizedPrompts:
   num_truncated: int
 
 
+def run_tokenizer(model_cfg):
+  """The tokenizer of a run's `config.model`: `tokenizer_path`'s, else `path`'s, else the
+  built-in character tokenizer sized to `arch.vocab_size`."""
+  from jaxrl_llm.data import char_tokenizer  # pylint: disable=g-import-not-at-top
+  if model_cfg.tokenizer_path or model_cfg.path:
+    return load_tokenizer(model_cfg.tokenizer_path or model_cfg.path)
+  return char_tokenizer.build_char_tokenizer(vocab_size=model_cfg.arch.vocab_size)
+
+
 def load_tokenizer(path: str):
   """A transformers tokenizer from a directory, local or gs:// (never the hub).
 

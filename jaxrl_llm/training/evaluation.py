@@ -1,7 +1,9 @@
 """Held-out evaluation: greedy completions of the eval split, scored by the reward functions.
 
-`Evaluator` is what the trainer logs under `eval/` (`eval/accuracy` is the first reward
-function's mean); `greedy_samples` shows what it scores.
+`Evaluator` is what the trainer logs under `eval/`: `eval/reward_mean` (the weighted
+total) and `eval/reward/NAME` per reward function; the table it prints leads with the
+first function's (`headline_key`, e.g. exact-match accuracy). `greedy_samples` shows what
+it scores.
 """
 from __future__ import annotations
 
@@ -42,16 +44,14 @@ class Evaluator:
                                          process_index=jax.process_index(),
                                          process_count=jax.process_count()):
       _, scored = self.complete(policy, batch)
-      for name, v in [("total", scored.total), *scored.per_function.items()]:
+      for name, v in [("", scored.total), *scored.per_function.items()]:
         values.setdefault(name, []).append(np.where(batch.valid, v, 0.0))
       valid.append(batch.valid)
     # Sums over every process's valid records (padding records count for nothing).
     sums, count = distributed.concat(({k: np.concatenate(v) for k, v in values.items()},
                                       np.concatenate(valid)))
-    means = {f"eval/reward/{k}": float(v.sum() / count.sum()) for k, v in sums.items()}
-    first = self.reward_set.names[0]
-    means["eval/accuracy"] = means[f"eval/reward/{first}"]  # the first reward function
-    return means
+    return {f"eval/reward/{k}" if k else "eval/reward_mean": float(v.sum() / count.sum())
+            for k, v in sums.items()}
 
   def report(self, writer, step: int, policy, row: dict | None = None) -> dict[str, float]:
     """Evaluates `policy`, prints the table line of `step` (with `row`'s training
@@ -60,13 +60,19 @@ class Evaluator:
     writer.print(self.table_row(step, {**(row or {}), **metrics}))
     return metrics
 
-  @staticmethod
-  def table_row(step: int, row: dict[str, float]) -> str:
-    text = f"step {step:5d} | held-out accuracy {row['eval/accuracy']:.3f}"
+  def table_row(self, step: int, row: dict[str, float]) -> str:
+    first = self.reward_set.names[0]
+    text = f"step {step:5d} | held-out {first} {row[f'eval/reward/{first}']:.3f}"
     for key, name in (("reward_mean", "train reward"), ("loss", "loss")):
       if key in row:
         text += f" | {name} {row[key]:.3f}"
     return text
+
+
+def headline_key(rewards_cfg) -> str:
+  """The eval metric of `config.rewards`' first function (`eval/reward/NAME`): what the
+  trainer's table and the demo lead with."""
+  return f"eval/reward/{RewardSet.from_config(rewards_cfg).names[0]}"
 
 
 def greedy_samples(config, count: int, model_path: str = "") -> list[dict]:

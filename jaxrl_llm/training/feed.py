@@ -14,7 +14,8 @@ from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.training import async_rollouts
 from jaxrl_llm.training import rollout as rollout_lib
 from jaxrl_llm.training.plan import Plan
-from jaxrl_llm.training.setup import Setup, Start
+from jaxrl_llm.training.resume import Start
+from jaxrl_llm.training.setup import Setup
 
 
 class Feed:

@@ -1,11 +1,12 @@
 """What keeps a long run safe: preemption (SIGTERM) and the non-finite update guard.
 
 Preemption: a SIGTERM (what Cloud TPU, Kubernetes and SLURM send before they take a
-machine away) only raises a flag. The loop finishes the step it is in, agrees with
-the other processes that someone was told to stop, writes a checkpoint of that step,
-waits for it to be complete and raises `Preempted`; `launch.train` then exits with
-status `PREEMPTED_EXIT_CODE` (75, EX_TEMPFAIL: "try again"). Starting the same command
-again resumes from that checkpoint.
+machine away) or a first Ctrl-C (SIGINT) only raises a flag. The loop finishes the step
+it is in, agrees with the other processes that someone was told to stop, writes a
+checkpoint of that step, waits for it to be complete and raises `Preempted`; the command
+line then exits with status `PREEMPTED_EXIT_CODE` (75, EX_TEMPFAIL: "try again").
+Starting the same command again resumes from that checkpoint. A second Ctrl-C raises
+`KeyboardInterrupt` at once (the steps since the last checkpoint are lost).
 
 Non-finite updates: `steps.policy_step`/`value_step` skip an update whose loss or
 gradient norm is not finite and flag which part was. `NonFiniteGuard` turns the flags
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 
 import jax
@@ -31,11 +33,12 @@ NONFINITE_FLAGS = {"nonfinite_loss": "policy loss", "nonfinite_grad": "policy gr
 
 
 class Preempted(Exception):
-  """The run stopped on SIGTERM after writing a checkpoint of `step`."""
+  """The run stopped on SIGTERM or Ctrl-C after writing a checkpoint of `step`."""
 
-  def __init__(self, step: int):
-    super().__init__(f"preempted (SIGTERM): stopped after step {step} and wrote its checkpoint; "
-                     "run the same command again to resume")
+  def __init__(self, step: int, signal_name: str = "SIGTERM"):
+    why = "preempted (SIGTERM)" if signal_name == "SIGTERM" else "interrupted (Ctrl-C)"
+    super().__init__(f"{why}: stopped after step {step} and wrote its checkpoint; run the same "
+                     "command again to resume")
     self.step = step
 
 
@@ -44,24 +47,39 @@ class NonFiniteError(RuntimeError):
 
 
 class PreemptionWatch:
-  """Between `install()` and `uninstall()`, SIGTERM sets a flag instead of killing.
+  """Between `install()` and `uninstall()`, SIGTERM and a first Ctrl-C set a flag instead
+  of killing; a second Ctrl-C raises `KeyboardInterrupt`.
 
   Signal handlers can only be installed from the main thread; elsewhere (a trainer run
-  from a worker thread) the watch is inert and SIGTERM keeps its default action.
+  from a worker thread) the watch is inert and the signals keep their default actions.
   """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self._flag = threading.Event()
-    self._previous = None
+    self._previous: dict = {}
+    self.signal_name = "SIGTERM"  # the first one this process received
 
   def install(self) -> None:
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, lambda signum, frame: self._flag.set())
+      self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    if signum == signal.SIGINT and self._flag.is_set():
+      raise KeyboardInterrupt  # Ctrl-C twice: stop now
+    if not self._flag.is_set():
+      self.signal_name = signal.Signals(signum).name
+    self._flag.set()
+    if signum == signal.SIGINT:
+      print("\nCtrl-C: finishing this step, then writing a checkpoint (Ctrl-C again to stop "
+            "at once, losing the steps since the last checkpoint)", file=sys.stderr, flush=True)
 
   def uninstall(self) -> None:
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-      self._previous = None
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
+    self._previous = {}
 
   def requested(self) -> bool:
     """Whether any process got SIGTERM (a collective: call it on every process)."""

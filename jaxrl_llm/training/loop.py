@@ -26,10 +26,11 @@ from jaxrl_llm import config as config_lib
 from jaxrl_llm.training import evaluation, feed as feed_lib, flops, guards
 from jaxrl_llm.training import metrics as metrics_lib
 from jaxrl_llm.training import plan as plan_lib
-from jaxrl_llm.training import prepare, setup as setup_lib
+from jaxrl_llm.training import prepare, resume, setup as setup_lib
 
 
-def train(config, workdir: str, devices=None, print_config: bool = False) -> dict[str, float]:
+def train(config, workdir: str, devices=None, print_config: bool = False,
+          resume_with_changes: bool = False) -> dict[str, float]:
   """Runs (or resumes) the experiment `config` in `workdir`; returns the last metrics.
 
   Args:
@@ -38,18 +39,20 @@ def train(config, workdir: str, devices=None, print_config: bool = False) -> dic
       export/ go here; a workdir that holds checkpoints is resumed from the latest.
     devices: the devices of the mesh (default: all devices of all processes).
     print_config: print the whole config (process 0) once it is validated.
+    resume_with_changes: resume a checkpoint of another `config.algo` or `config.model`.
 
   Raises:
-    jaxrl_llm.config.ConfigError: a bad config value or workdir, before anything loads.
+    jaxrl_llm.config.ConfigError: a bad config value or input, or a workdir this config
+      cannot resume, before anything is loaded or written.
   """
   # ---------------------------------------------------------------- Plan and set-up
-  config_lib.validate(config, devices)
-  config_lib.check_writable(workdir)
+  config_lib.validate(config, devices, workdir, data=True)
   plan = plan_lib.make_plan(config)
-  setup = setup_lib.set_up(config, plan, devices)
   ckpt = checkpoints.Checkpointer(workdir, config.checkpoint)
-  start = setup_lib.start_point(setup, ckpt, workdir, config.seed)  # refuses a foreign one
-  _record_config(config, workdir, print_config)  # once the workdir's checkpoint accepts it
+  latest = resume.check(ckpt, config, plan, workdir, resume_with_changes)  # before any write
+  setup = setup_lib.set_up(config, plan, devices)
+  start = resume.start_point(setup, ckpt, latest, config.seed)
+  _record_config(config, workdir, print_config)
   t, programs, mesh = config.train, setup.programs, setup.models.mesh
   feed = feed_lib.Feed(config, plan, setup, start)
   evaluator = (evaluation.Evaluator(config, setup.tokenizer, setup.models.policy.config)
@@ -103,11 +106,10 @@ def train(config, workdir: str, devices=None, print_config: bool = False) -> dic
       guard.check(done)
       preempted = preemption.requested() and done < t.steps
       if ckpt.due(done, last=done == t.steps) or preempted:
-        ckpt.save(done, state, {"step": done, "data_position": rollout.position,
-                                "fingerprint": setup_lib.fingerprint(setup), **guard.state()})
+        ckpt.save(done, state, _checkpoint_meta(config, plan, setup, done, rollout, guard))
       if preempted:
         ckpt.wait()
-        raise guards.Preempted(done)
+        raise guards.Preempted(done, preemption.signal_name)
     # ---------------------------------------------------------------- Export
     ckpt.wait()
     _export(as_policy(state), setup.tokenizer, paths.join(workdir, "export"))
@@ -117,6 +119,14 @@ def train(config, workdir: str, devices=None, print_config: bool = False) -> dic
     ckpt.close()
     writer.close()
   return row
+
+
+def _checkpoint_meta(config, plan, setup, done: int, rollout, guard) -> dict:
+  """What a checkpoint records beside the state: the position, the skip counters, and what
+  a resume checks (`resume.check`)."""
+  return {"step": done, "data_position": rollout.position, **guard.state(),
+          "fingerprint": resume.fingerprint(setup.models.policy.config, plan.value_model),
+          "run": resume.run_identity(config)}
 
 
 def _value_model(setup: setup_lib.Setup, state):
@@ -129,6 +139,9 @@ def _record_config(config, workdir: str, print_config: bool) -> None:
     paths.write_atomic(paths.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
     if print_config:
       print(config)
+      if config.model.path:
+        print(f"(config.model.arch is not read: {config.model.path}/config.json gives the "
+              "architecture)")
 
 
 def _announce(writer, plan, mesh, peak_flops_per_device: float, start: int,

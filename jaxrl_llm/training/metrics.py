@@ -55,7 +55,7 @@ class MetricsWriter:
       if self.flush_tb_each_row:
         self.tb.flush()
     if self.bar is not None:
-      shown = {k: f"{row[k]:.3g}" for k in ("reward_mean", "loss", "eval/accuracy") if k in row}
+      shown = {k: f"{row[k]:.3g}" for k in ("reward_mean", "loss", "eval/reward_mean") if k in row}
       self.bar.set_postfix(shown, refresh=False)
       self.bar.update(step - self.bar.n)
 

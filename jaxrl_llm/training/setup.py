@@ -1,5 +1,5 @@
-"""Set-up: the mesh, the models, the optimizer, the state's layout, the compiled programs,
-and where a run starts (fresh, or resumed from the workdir's latest checkpoint).
+"""Set-up: the mesh, the models, the optimizer, the state's layout, the compiled programs
+(where a run starts, fresh or resumed, is `resume`'s).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm import checkpoints, data, models
+from jaxrl_llm import data, models
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.models import load
@@ -42,11 +42,9 @@ def load_tokenizer_and_policy(config, mesh, rules):
   cfg = model_config(m)
   if m.path:
     policy = models.place(models.Model(load.load_params(m.path, cfg), cfg), mesh, rules)
-    tokenizer = data.load_tokenizer(m.tokenizer_path or m.path)
   else:
     policy = models.init(cfg, jax.random.PRNGKey(config.seed), mesh=mesh, rules=rules)
-    tokenizer = (data.load_tokenizer(m.tokenizer_path) if m.tokenizer_path
-                 else char_tokenizer.build_char_tokenizer(vocab_size=cfg.vocab_size))
+  tokenizer = data.run_tokenizer(m)
   if len(tokenizer) > policy.config.vocab_size:
     source = (f"config.model.tokenizer_path={m.tokenizer_path or m.path!r}" if m.path or
               m.tokenizer_path else "the built-in character tokenizer")
@@ -144,50 +142,3 @@ def fresh_state(setup: Setup, seed: int) -> state_lib.TrainState:
   value = setup.models.value
   return state_lib.init_state(setup.optimizer, setup.models.policy.params,
                               None if value is None else value.params, seed, setup.layout)
-
-
-# --- resume ---------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Start:
-  """Where a run starts: its state, the step and data position, the skip counters."""
-  state: state_lib.TrainState
-  step: int = 0
-  data_position: int = 0
-  skipped_steps: int = 0
-  consecutive_skips: int = 0
-
-
-def fingerprint(setup: Setup) -> dict[str, Any]:
-  """What a checkpoint's state shapes depend on; a resume must match it."""
-  c = setup.models.policy.config
-  return {"model": {k: v for k, v in dataclasses.asdict(c).items()
-                    if k not in ("remat", "attention", "bos_token_id", "eos_token_id", "pad_token_id")},
-          "param_layout": models.PARAM_LAYOUT, "value_model": setup.models.value is not None}
-
-
-def _differences(saved, wanted, prefix="") -> str:
-  """'model.hidden_size: 64 in the checkpoint, 32 in this config; ...' for two fingerprints."""
-  if isinstance(saved, dict) and isinstance(wanted, dict):
-    parts = [_differences(saved.get(k), wanted.get(k), f"{prefix}{k}.")
-             for k in sorted(set(saved) | set(wanted))]
-    return "; ".join(p for p in parts if p)
-  if saved == wanted or (isinstance(saved, list) and tuple(saved) == wanted):
-    return ""
-  return f"{prefix[:-1]}: {saved!r} in the checkpoint, {wanted!r} in this config"
-
-
-def start_point(setup: Setup, ckpt: checkpoints.Checkpointer, workdir: str, seed: int) -> Start:
-  """A fresh start, or the workdir's latest checkpoint restored into the layout (refused
-  when it was written by a config whose state has other shapes)."""
-  latest = ckpt.latest_step()
-  if latest is None:
-    return Start(fresh_state(setup, seed))
-  meta = ckpt.read_meta(latest)
-  if meta.get("fingerprint") != fingerprint(setup):
-    raise ValueError(f"the checkpoint at step {latest} in {workdir!r} was written by an "
-                     "incompatible config: "
-                     f"{_differences(meta.get('fingerprint'), fingerprint(setup))}; "
-                     "expected the same model (or a fresh workdir)")
-  state, meta = ckpt.restore(latest, setup.layout)
-  return Start(state, int(meta["step"]), int(meta["data_position"]),
-               int(meta.get("skipped_steps", 0)), int(meta.get("consecutive_skips", 0)))

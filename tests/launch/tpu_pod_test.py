@@ -122,7 +122,8 @@ class TpuPodTest(parameterized.TestCase):
     self.assertEqual(upload, GCLOUD_TPU + ["scp", model, "rl-pod:jaxrl_llm/", f"--zone={zone}",
                                            "--worker=all", "--recurse"])
 
-    config = f"configs/qwen3_gsm8k.py:tpu_{accelerator.replace('litepod', 'e')}"
+    variant = {"v5litepod-16": "tpu_v5e_8", "v5p-32": "tpu_v5p_32"}[accelerator]  # the recipe's
+    config = f"configs/qwen3_gsm8k.py:{variant}"
     train = commands(tpu_pod("train", *tpu, f"--config={config}", "--workdir=gs://b/run 1",
                              "--", "--config.model.path=Qwen3-0.6B", "--config.train.steps=5"))
     self.assertLen(train, 2)
@@ -249,7 +250,7 @@ class TpuPodTest(parameterized.TestCase):
     tpu = ["--name=n", "--zone=us-west4-a", "--accelerator=v5litepod-16", flag]
     model = self.create_tempdir().full_path
     runs = [commands(tpu_pod("install", *tpu, f"--upload={model}")),
-            commands(tpu_pod("train", *tpu, "--config=c.py", "--workdir=gs://b/r")),
+            commands(tpu_pod("train", *tpu, "--config=smoke", "--workdir=gs://b/r")),
             commands(tpu_pod("logs", *tpu)), commands(tpu_pod("halt", *tpu))]
     remote = [cmd for run in runs for cmd in run if cmd[0] == "gcloud"]
     self.assertEqual(sorted({cmd[len(track) + 4] for cmd in remote}), ["scp", "ssh"])
@@ -277,7 +278,7 @@ class TpuPodTest(parameterized.TestCase):
                  "print(sys.argv[1:], flush=True)\ntime.sleep(60)\n")
     tpu = ["--name=n", "--zone=us-east5-a", "--accelerator=v5p-32"]
     remote = lambda cmd: cmd[0][8].removeprefix("--command=")
-    start = remote(commands(tpu_pod("train", *tpu, "--config=c.py", "--workdir=gs://b/r",
+    start = remote(commands(tpu_pod("train", *tpu, "--config=smoke", "--workdir=gs://b/r",
                                     "--nofollow", "--", "--config.seed=3")))
     halt = remote(commands(tpu_pod("halt", *tpu)))
     env = dict(os.environ, PATH="/usr/bin:/bin", HOME=home)
@@ -293,7 +294,7 @@ class TpuPodTest(parameterized.TestCase):
         if read_log():
           break
         time.sleep(0.1)
-      self.assertEqual(read_log(), "['--multihost', '--config=c.py', '--workdir=gs://b/r', "
+      self.assertEqual(read_log(), "['--multihost', '--config=smoke', '--workdir=gs://b/r', "
                        "'--config.seed=3']\n")
       with open(f"/proc/{pid}/cmdline") as f:
         self.assertIn(".venv/bin/jaxrl-llm-train", f.read())  # the pid is the trainer's own
@@ -313,7 +314,7 @@ class TpuPodTest(parameterized.TestCase):
     home = self.create_tempdir().full_path
     os.makedirs(os.path.join(home, "jaxrl_llm"))
     start = commands(tpu_pod("train", "--name=n", "--zone=us-west4-a",
-                             "--accelerator=v5litepod-8", "--config=c.py", "--workdir=/tmp/r",
+                             "--accelerator=v5litepod-8", "--config=smoke", "--workdir=/tmp/r",
                              "--nofollow"))[0][8].removeprefix("--command=")
     run = subprocess.run(["/bin/sh", "-c", start], cwd=home, text=True, capture_output=True,
                          timeout=30, env=dict(os.environ, PATH="/usr/bin:/bin"))
@@ -388,9 +389,9 @@ class TpuPodTest(parameterized.TestCase):
   def test_single_host_slice(self):
     tpu = ["--name=one", "--zone=us-west4-a", "--accelerator=v5litepod-8"]
     where = ["one", "--zone=us-west4-a"]
-    start = commands(tpu_pod("train", *tpu, "--config=c.py", "--workdir=/tmp/run", "--nofollow"))
+    start = commands(tpu_pod("train", *tpu, "--config=smoke", "--workdir=/tmp/run", "--nofollow"))
     self.assertLen(start, 1)
-    self.assertIn("nohup .venv/bin/jaxrl-llm-train --config=c.py --workdir=/tmp/run >",
+    self.assertIn("nohup .venv/bin/jaxrl-llm-train --config=smoke --workdir=/tmp/run >",
                   start[0][8])
     self.assertEqual(commands(tpu_pod("stop", *tpu)), [GCLOUD_TPU + ["stop", *where]])
     install = commands(tpu_pod("install", *tpu, "--pip_spec=jaxrl_llm[gcs]==0.1"))
@@ -409,7 +410,7 @@ class TpuPodTest(parameterized.TestCase):
     self.assertEqual(commands(tpu_pod("create", *tpu))[-1][4], "create")
 
   @parameterized.named_parameters(
-      ("local_workdir_on_a_pod", ["train", "--accelerator=v5p-32", "--config=c.py",
+      ("local_workdir_on_a_pod", ["train", "--accelerator=v5p-32", "--config=smoke",
                                   "--workdir=/tmp/run"],
        "tpu_pod: --workdir='/tmp/run' is a local path, but v5p-32 has 4 workers: each would "
        "write its own part of every checkpoint (orbax needs one directory all processes share): "
@@ -423,7 +424,16 @@ class TpuPodTest(parameterized.TestCase):
       ("odd_core_count", ["create", "--accelerator=v5p-9"],
        "tpu_pod: --accelerator='v5p-9': the count is TensorCores, 2 per chip: expected a "
        "multiple of 2"),
-      ("train_without_workdir", ["train", "--accelerator=v5p-32", "--config=c.py"],
+      ("misspelt_config_variant", ["train", "--accelerator=v5litepod-8", "--zone=us-west4-a",
+                                   "--config=configs/qwen3_gsm8k.py:tpu_v5e_9",
+                                   "--workdir=gs://b/r"],
+       "tpu_pod: --config='configs/qwen3_gsm8k.py:tpu_v5e_9': ValueError: Unknown config "
+       "argument 'tpu_v5e_9'; valid: ['gpu_1', 'runlocal', 'size', 'tpu_v5e_8', 'tpu_v5p_32']."),
+      ("missing_config_file", ["train", "--accelerator=v5litepod-8", "--zone=us-west4-a",
+                               "--config=configs/nope.py", "--workdir=gs://b/r"],
+       "tpu_pod: --config='configs/nope.py': no file 'configs/nope.py' in this repository "
+       "(expected a preset name or a config file relative to its root)"),
+      ("train_without_workdir", ["train", "--accelerator=v5p-32", "--config=smoke"],
        "tpu_pod: train needs --workdir"),
       ("no_command", [], "tpu_pod: expected a command, one of create, install, train, logs, "
                          "halt, stop, delete; got []"),
@@ -447,7 +457,7 @@ class TpuPodTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ("create_v5e", "create", "us-east5-a", "v5litepod-16", []),
       ("train_v6e", "train", "us-central2-b", "v6e-8",
-       ["--config=c.py", "--workdir=gs://b/r"]),
+       ["--config=smoke", "--workdir=gs://b/r"]),
       ("install_v5p", "install", "us-west4-a", "v5p-8", []),
   )
   def test_zone_without_the_accelerator(self, command, zone, accelerator, args):

@@ -135,9 +135,9 @@ class ConfigKeysTest(CatalogTest):
     """`train` validates (the command line does not again), once, before anything loads."""
     from jaxrl_llm.training import setup as setup_lib  # pylint: disable=g-import-not-at-top
     order = []
-    def validate(config, devices=None):
+    def validate(*args, **kwargs):
       order.append("validate")
-      return real_validate(config, devices)
+      return real_validate(*args, **kwargs)
     def set_up(*args, **kwargs):
       order.append("set_up")
       raise RuntimeError("stop")
@@ -157,14 +157,47 @@ class ConfigKeysTest(CatalogTest):
     self.assertLen(run.stderr.strip().splitlines(), 1)
     self.assertRegex(run.stderr, re.escape(f"workdir '{parent}/run' cannot be written ("))
 
-  def test_error_once_training_started_is_not_a_usage_error(self):
-    """Missing data is found after the model is built: the run's own failure, exit 1."""
+  @parameterized.named_parameters(
+      ("missing_file", None, "JSONL data file '{path}' does not exist"),
+      ("empty_file", "", "JSONL data file '{path}' holds no records"),
+      ("malformed_json", '{"prompt": "1+1="\n', "{path}:1: not valid JSON"),
+      ("no_prompt_field", '{"question": "1+1="}\n', "{path}:1: the object has no 'prompt' field"),
+  )
+  def test_bad_data_is_a_usage_error(self, text, message):
+    """Found before any model loads: exit 2 and one line, nothing written."""
+    directory = self.create_tempdir().full_path
+    path = os.path.join(directory, "data.jsonl")
+    if text is not None:
+      with open(path, "w") as f:
+        f.write(text)
     workdir = self.new_workdir()
     run = run_train([f"--workdir={workdir}", "--config=configs/smoke.py",
-                     "--config.data.source=jsonl:/no/such/data.jsonl"])
+                     f"--config.data.source=jsonl:{path}"])
+    self.assertEqual(run.returncode, 2, run.stderr)
+    lines = run.stderr.strip().splitlines()
+    self.assertLen(lines, 1, run.stderr)
+    self.assertIn(message.format(path=path), lines[0])
+    self.assertFalse(os.path.exists(os.path.join(workdir, "metrics.jsonl")))
+
+  def test_error_once_training_started_is_one_line_and_error_log(self):
+    """A reward that fails at step 3: exit 1, one line naming the cause, the traceback in
+    WORKDIR/error.log (on screen too with --verbose)."""
+    workdir = self.new_workdir()
+    flags = [f"--workdir={workdir}", "--config=configs/smoke.py", "--config.train.steps=4",
+             "--config.rewards.functions=('tests.training.test_rewards:fail_on_third_call',)",
+             "--config.rewards.weights=(1.0,)"]
+    run = run_train(flags)
     self.assertEqual(run.returncode, 1, run.stderr)
-    self.assertIn("Traceback", run.stderr)
-    self.assertIn("JSONL data file '/no/such/data.jsonl' does not exist", run.stderr)
+    self.assertNotIn("Traceback", run.stderr)
+    last = run.stderr.strip().splitlines()[-1]
+    self.assertRegex(last, r"^the run failed: RewardError: .*fail_on_third_call.*raised "
+                     r"RuntimeError: reward service down.*; caused by RuntimeError: reward "
+                     r"service down \(traceback in .*error\.log\)$")
+    with open(os.path.join(workdir, "error.log")) as f:
+      self.assertIn("Traceback (most recent call last)", f.read())
+    verbose = run_train([f"--workdir={self.new_workdir()}", "--verbose", *flags[1:]])
+    self.assertEqual(verbose.returncode, 1)
+    self.assertIn("Traceback (most recent call last)", verbose.stderr)
 
   @parameterized.named_parameters(
       ("close_match", "train", "stepz", re.escape(
@@ -451,12 +484,43 @@ class PromptOverflowAndResumeTest(CatalogTest):
     config = long_prompt_config(self.create_tempdir().full_path, "truncate")
     config.model.arch.hidden_size, config.model.arch.head_dim = 32, 8
     config.train.steps = 2
-    with self.assertRaisesRegex(ValueError, r"the checkpoint at step 1 in .* was written by an "
+    with self.assertRaisesRegex(config_lib.ConfigError, r"the checkpoint at step 1 in .* was written by an "
                                 r"incompatible config: model.head_dim: 16 in the checkpoint, 8 in "
                                 r"this config; model.hidden_size: 64 in the checkpoint, 32 in this "
                                 r"config; expected the same model \(or a fresh workdir\)$"):
       training.train(config, workdir)
     self.assert_no_step(workdir, rows=1, checkpoints=[1])
+
+  def test_another_algorithm_is_refused_and_the_workdir_untouched(self):
+    workdir = self.new_workdir()
+    shutil.copytree(self.workdir, workdir)
+    before = _file_digests(workdir)
+    config = long_prompt_config(self.create_tempdir().full_path, "truncate")
+    config.algo.kl.coef, config.train.steps = 0.0, 2
+    with self.assertRaisesRegex(config_lib.ConfigError, re.escape(
+        "was written by another algorithm or model: config.algo.kl.coef: 0.04 in the "
+        "checkpoint, 0.0 in this config; expected the same config.algo and config.model (pass "
+        "--resume_with_changes to resume with these changes, or use a fresh workdir)")):
+      training.train(config, workdir)
+    self.assertEqual(_file_digests(workdir), before)  # config.json, metrics, checkpoints
+    # On purpose: the run resumes from step 1 with the new algorithm.
+    training.train(config, workdir, resume_with_changes=True)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      self.assertEqual([json.loads(line)["step"] for line in f], [1, 2])
+    with open(os.path.join(workdir, "config.json")) as f:
+      self.assertEqual(json.load(f)["algo"]["kl"]["coef"], 0.0)
+
+
+def _file_digests(directory):
+  """{relative path: sha256} of every file under `directory`."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  digests = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        digests[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
+  return digests
 
 
 if __name__ == "__main__":

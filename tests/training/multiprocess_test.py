@@ -76,7 +76,7 @@ class MultiProcessTest(absltest.TestCase):
     self.assertNotIn("num_samples", outputs[1])
     want, got = read_rows(one), read_rows(two)
     self.assertEqual([r["step"] for r in got], [0, 1, 2, 3])  # 0: the eval at the start
-    self.assertIn("eval/accuracy", got[-1])
+    self.assertIn("eval/reward_mean", got[-1])
     for a, b in zip(want, got):
       a, b = comparable(a), comparable(b)
       self.assertEqual(a.keys(), b.keys())

@@ -137,18 +137,45 @@ class ReliabilityTest(absltest.TestCase):
     self.assert_resume_completes_the_same_run(workdir)
     self.assertEqual(steps_of(workdir), [6, 9, 10])
 
-  def test_sigterm_writes_a_checkpoint_and_exits_75_then_resume(self):
-    workdir = os.path.join(self.tmp, "preempted")
+  def stop_after_a_step(self, workdir, signum):
+    """Starts a run, sends `signum` once it has logged a step; its exit status and log."""
     proc = start(workdir)
     wait_for(lambda: any(r["step"] >= 1 for r in rows(workdir)), proc, "step 1")
-    proc.send_signal(signal.SIGTERM)
-    rc, log = finish(proc, workdir)
+    proc.send_signal(signum)
+    return finish(proc, workdir)
+
+  def assert_checkpointed_then_resumed(self, workdir, rc, log, message):
+    """Exit 75 with `message`, a checkpoint of the last step logged, then an exact resume."""
     self.assertEqual(rc, guards.PREEMPTED_EXIT_CODE, log[-3000:])
-    self.assertIn("preempted (SIGTERM)", log)
+    self.assertIn(message, log)
+    self.assertNotIn("Traceback", log)
     last = max(r["step"] for r in rows(workdir))
     self.assertLess(last, STEPS)
     self.assertIn(last, steps_of(workdir))  # a checkpoint of the step it stopped after
     self.assert_resume_completes_the_same_run(workdir)
+
+  def test_sigterm_writes_a_checkpoint_and_exits_75_then_resume(self):
+    workdir = os.path.join(self.tmp, "preempted")
+    rc, log = self.stop_after_a_step(workdir, signal.SIGTERM)
+    self.assert_checkpointed_then_resumed(workdir, rc, log, "preempted (SIGTERM)")
+
+  def test_ctrl_c_writes_a_checkpoint_and_exits_75_then_resume(self):
+    workdir = os.path.join(self.tmp, "interrupted")
+    rc, log = self.stop_after_a_step(workdir, signal.SIGINT)
+    self.assert_checkpointed_then_resumed(workdir, rc, log,
+                                          "interrupted (Ctrl-C): stopped after step")
+
+  def test_ctrl_c_twice_stops_at_once(self):
+    workdir = os.path.join(self.tmp, "aborted")
+    proc = start(workdir)
+    wait_for(lambda: any(r["step"] >= 1 for r in rows(workdir)), proc, "step 1")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    rc, log = finish(proc, workdir)
+    self.assertEqual(rc, 130, log[-3000:])
+    self.assertIn("aborted (Ctrl-C): no checkpoint written", log)
+    self.assertNotIn("Traceback", log)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The trainer's restructuring into plan / setup / feed / prepare / programs changed no
 number: tiny runs of several presets log the metrics recorded by the code before it
-(commit 19b98b1), bit for bit on the recording machine."""
+(commit 19b98b1), bit for bit on the recording machine. (Two eval keys were renamed
+since: `eval/reward/total` is `eval/reward_mean`, and `eval/accuracy`, a copy of the first
+reward function's `eval/reward/NAME`, is gone.)"""
 import importlib
 import json
 import os

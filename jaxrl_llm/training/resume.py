@@ -1,0 +1,94 @@
+"""Where a run starts: fresh, or from the workdir's latest checkpoint, if that checkpoint
+belongs to this run.
+
+Two checks, both before anything is loaded or written (a refused run leaves the workdir as
+it was):
+- the state's shapes (`fingerprint`: the model's architecture and whether a critic is
+  trained): a checkpoint of another shape cannot be restored at all;
+- the run's algorithm and model (`run_identity`: `config.algo` and `config.model` but for
+  its speed settings): another algorithm or model on a workdir with checkpoints is refused
+  unless the caller resumes with changes on purpose (`allow_changes`,
+  `jaxrl-llm-train --resume_with_changes`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from jaxrl_llm import checkpoints, models
+from jaxrl_llm.config.errors import ConfigError
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.training import setup as setup_lib
+from jaxrl_llm.training import state as state_lib
+from jaxrl_llm.training.plan import Plan
+
+# config.model fields that change speed or memory, not the model (allowed to change on resume).
+SPEED_FIELDS = ("remat", "attention")
+
+
+@dataclasses.dataclass
+class Start:
+  """Where a run starts: its state, the step and data position, the skip counters."""
+  state: state_lib.TrainState
+  step: int = 0
+  data_position: int = 0
+  skipped_steps: int = 0
+  consecutive_skips: int = 0
+
+
+def fingerprint(model_config: ModelConfig, value_model: bool) -> dict[str, Any]:
+  """What a checkpoint's state shapes depend on; a resume must match it."""
+  return {"model": {k: v for k, v in dataclasses.asdict(model_config).items()
+                    if k not in ("remat", "attention", "bos_token_id", "eos_token_id", "pad_token_id")},
+          "param_layout": models.PARAM_LAYOUT, "value_model": value_model}
+
+
+def run_identity(config) -> dict[str, Any]:
+  """The config's algorithm and model as JSON values: what a checkpoint records of its run."""
+  model = {k: v for k, v in config.model.to_dict().items() if k not in SPEED_FIELDS}
+  algo = config.algo.copy_and_resolve_references().to_dict()
+  return json.loads(json.dumps({"algo": algo, "model": model}))
+
+
+def differences(saved, wanted, prefix="") -> list[str]:
+  """['model.hidden_size: 64 in the checkpoint, 32 in this config', ...] for two records."""
+  if isinstance(saved, dict) and isinstance(wanted, dict):
+    return [d for k in sorted(set(saved) | set(wanted))
+            for d in differences(saved.get(k), wanted.get(k), f"{prefix}{k}.")]
+  if saved == wanted or (isinstance(saved, list) and tuple(saved) == wanted):
+    return []
+  return [f"{prefix[:-1]}: {saved!r} in the checkpoint, {wanted!r} in this config"]
+
+
+def check(ckpt: checkpoints.Checkpointer, config, plan: Plan, workdir: str,
+          allow_changes: bool = False) -> int | None:
+  """Refuses (`ConfigError`, one line) a workdir whose latest checkpoint this config cannot
+  or should not resume; returns that checkpoint's step (None: a fresh start)."""
+  latest = ckpt.latest_step()
+  if latest is None:
+    return None
+  meta = ckpt.read_meta(latest)
+  wanted = fingerprint(setup_lib.model_config(config.model), plan.value_model)
+  if meta.get("fingerprint") != wanted:
+    raise ConfigError(f"the checkpoint at step {latest} in {workdir!r} was written by an "
+                      "incompatible config: "
+                      f"{'; '.join(differences(meta.get('fingerprint'), wanted))}; "
+                      "expected the same model (or a fresh workdir)")
+  changed = differences(meta.get("run", run_identity(config)), run_identity(config))
+  if changed and not allow_changes:
+    raise ConfigError(f"the checkpoint at step {latest} in {workdir!r} was written by another "
+                      f"algorithm or model: config.{'; config.'.join(changed)}; expected the "
+                      "same config.algo and config.model (pass --resume_with_changes to resume "
+                      "with these changes, or use a fresh workdir)")
+  return latest
+
+
+def start_point(setup: setup_lib.Setup, ckpt: checkpoints.Checkpointer, latest: int | None,
+                seed: int) -> Start:
+  """A fresh state (`setup.fresh_state`), or checkpoint `latest` restored into the layout."""
+  if latest is None:
+    return Start(setup_lib.fresh_state(setup, seed))
+  state, meta = ckpt.restore(latest, setup.layout)
+  return Start(state, int(meta["step"]), int(meta["data_position"]),
+               int(meta.get("skipped_steps", 0)), int(meta.get("consecutive_skips", 0)))
