@@ -1,7 +1,8 @@
 """The RL trainer: `train(config, workdir)` (see `loop.py`).
 
 Modules, in the order a run uses them: `plan` (what the config's algorithm needs),
-`setup` (mesh, models, optimizer, state layout, compiled `programs`, resume), `feed`
+`resume` (whether the workdir's checkpoint belongs to this run), `setup` (mesh, models,
+optimizer, state layout, compiled `programs`), `feed`
 (each step's rollout: `rollout`, `async_rollouts`), `prepare` (rollout -> training
 batch), `steps` (the pure update steps), `guards` (preemption, non-finite updates),
 `metrics` and `flops` (what is logged), `evaluation` (held-out accuracy).
