@@ -21,7 +21,7 @@ import time
 import jax
 import numpy as np
 
-from jaxrl_llm import checkpoints, models, paths
+from jaxrl_llm import models, paths
 from jaxrl_llm import config as config_lib
 from jaxrl_llm.training import evaluation, feed as feed_lib, flops, guards
 from jaxrl_llm.training import metrics as metrics_lib
@@ -48,8 +48,7 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
   # ---------------------------------------------------------------- Plan and set-up
   config_lib.validate(config, devices, workdir, data=True)
   plan = plan_lib.make_plan(config)
-  ckpt = checkpoints.Checkpointer(workdir, config.checkpoint)
-  latest = resume.check(ckpt, config, plan, workdir, resume_with_changes)  # before any write
+  ckpt, latest = resume.open_checkpoints(workdir, config, plan, resume_with_changes)
   setup = setup_lib.set_up(config, plan, devices)
   start = resume.start_point(setup, ckpt, latest, config.seed)
   _record_config(config, workdir, print_config)

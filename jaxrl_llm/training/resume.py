@@ -61,6 +61,21 @@ def differences(saved, wanted, prefix="") -> list[str]:
   return [f"{prefix[:-1]}: {saved!r} in the checkpoint, {wanted!r} in this config"]
 
 
+def open_checkpoints(workdir: str, config, plan: Plan, allow_changes: bool = False
+                     ) -> tuple[checkpoints.Checkpointer, int | None]:
+  """The workdir's checkpoints for this run and the step to resume (None: a fresh start).
+
+  Refuses (`ConfigError`, one line; nothing written) a workdir whose latest checkpoint
+  this config cannot or should not resume (`check`).
+  """
+  ckpt = checkpoints.Checkpointer(workdir, config.checkpoint)
+  try:
+    return ckpt, check(ckpt, config, plan, workdir, allow_changes)
+  except ConfigError:
+    ckpt.close()
+    raise
+
+
 def check(ckpt: checkpoints.Checkpointer, config, plan: Plan, workdir: str,
           allow_changes: bool = False) -> int | None:
   """Refuses (`ConfigError`, one line) a workdir whose latest checkpoint this config cannot
