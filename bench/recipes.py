@@ -2,6 +2,7 @@
 
   python bench/recipes.py                      # all presets, 100 steps each
   python bench/recipes.py --presets grpo,ppo --steps 50
+  python bench/recipes.py --presets grpo,opd --steps 40 --eval_every 10
 
 Each preset runs `launch.train` in its own process (seed 0, same warm start, same 512
 rows per step, same optimizer), one after another so that they do not share the cores.
@@ -23,10 +24,10 @@ from configs import arithmetic  # pylint: disable=g-import-not-at-top
 from jaxrl_llm import plots  # pylint: disable=g-import-not-at-top
 
 
-def run(preset: str, steps: int, workdir: str) -> dict:
+def run(preset: str, steps: int, workdir: str, eval_every: int) -> dict:
   cmd = [sys.executable, "-m", "launch.train",
          f"--config={os.path.join(REPO, 'configs', 'arithmetic.py')}:preset={preset},steps={steps}",
-         f"--workdir={workdir}"]
+         f"--config.train.eval_every={eval_every}", f"--workdir={workdir}"]
   start = time.perf_counter()
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
@@ -44,6 +45,7 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--presets", default=",".join(arithmetic.PRESETS))
   ap.add_argument("--steps", type=int, default=100)
+  ap.add_argument("--eval_every", type=int, default=20)
   args = ap.parse_args()
   presets = args.presets.split(",")
   for p in presets:
@@ -52,7 +54,7 @@ def main():
   results = {}
   with tempfile.TemporaryDirectory() as tmp:
     for p in presets:
-      results[p] = run(p, args.steps, os.path.join(tmp, p))
+      results[p] = run(p, args.steps, os.path.join(tmp, p), args.eval_every)
       print(f"{p}: {results[p]['evals']} reward {results[p]['reward']:.3f} "
             f"{results[p]['wall']:.0f} s", flush=True)
   steps = sorted({s for r in results.values() for s in r["evals"]})

@@ -161,7 +161,8 @@ def policy_step_memory(config, run: bool) -> dict:
   arrays = prepare.batch_arrays(rollout, G, False)
   rows_all = sh.rows_sharding(B, m.mesh, m.rules)
   raw = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows_all) for k, x in arrays.items()}
-  batch, _ = jax.eval_shape(programs.prepare, raw, m.policy, m.reference, m.value)
+  batch, _, _ = jax.eval_shape(programs.prepare, raw, m.policy, m.reference, m.value,
+                                  m.teacher, None)
   rows = sh.rows_sharding(programs.minibatch_rows, m.mesh, m.rules)
   minibatch = {k: jax.ShapeDtypeStruct((programs.minibatch_rows,) + x.shape[1:], x.dtype,
                                        sharding=rows) for k, x in batch.items()}

@@ -46,6 +46,12 @@ PRESET_TABLE = {
                  trust_region="sapo", tau=(1.0, 1.05), kl_coef=0.0),
     "max_rl": dict(estimator="max_rl", aggregation="seq_mean_token_mean", ratio="token",
                    trust_region="clip", clip=(0.2, 0.2), kl=("k3", "loss"), kl_coef=0.04),
+    "ipo": dict(estimator="grpo", aggregation="token_mean", ratio="token", trust_region="ipo",
+                prob=(0.1, 0.1), kl_coef=0.0),
+    "dppo_tv": dict(estimator="grpo", aggregation="token_mean", ratio="token",
+                    trust_region="dppo_tv", prob=(0.2, 0.2), kl_coef=0.0),
+    "opd": dict(estimator="grpo", aggregation="token_mean", ratio="token", trust_region="clip",
+                kl_coef=0.0, pg_coef=0.0, distill_coef=1.0),
     "sft": dict(estimator="constant", aggregation="token_mean", ratio="none",
                 trust_region="none", kl_coef=0.0),
 }
@@ -110,6 +116,11 @@ class ConfigFilesTest(parameterized.TestCase):
       self.assertGreater(algo.kl.coef, 0.0)
     if "kl_coef" in row:
       self.assertEqual(algo.kl.coef, row["kl_coef"])
+    if "prob" in row:
+      self.assertEqual((algo.loss.prob_low, algo.loss.prob_high), row["prob"])
+      self.assertEqual(algo.loss.log_ratio_coef, 1e-3)
+    self.assertEqual(algo.loss.pg_coef, row.get("pg_coef", 1.0))
+    self.assertEqual(algo.distill.coef, row.get("distill_coef", 0.0))
     if "tau" in row:
       self.assertEqual((algo.loss.tau_pos, algo.loss.tau_neg), row["tau"])
     if "value_clip" in row:
@@ -156,14 +167,18 @@ class ConfigFilesTest(parameterized.TestCase):
     mask = (jnp.arange(6)[None, :] < jnp.array([6, 3, 1, 4])[:, None]).astype(jnp.float32)
     fn = jax.jit(jax.value_and_grad(
         functools.partial(objectives.policy_loss, cfg=algo, ref_logp=ref,
-                          entropy=jnp.ones((4, 6))), has_aux=True))
+                          entropy=jnp.ones((4, 6)), teacher_logp=ref - 0.5), has_aux=True))
     (loss, metrics), grad = fn(logp, old, jnp.array([1.0, -0.5, 0.25, -1.0]), mask)
     self.assertTrue(np.isfinite(float(loss)))
     self.assertTrue(np.all(np.isfinite(grad)))
     for key_ in ("approx_kl", "ratio_mean", "ratio_min", "ratio_max", "kl_ref", "entropy"):
       self.assertIn(key_, metrics)
-    if algo.loss.trust_region in ("clip", "cispo", "gmpo"):
+    if algo.loss.trust_region in ("clip", "cispo", "gmpo") and algo.loss.pg_coef:
       self.assertIn("clip_frac", metrics)
+    if algo.loss.trust_region in ("dppo_tv", "ipo"):
+      self.assertIn("prob_mask_frac", metrics)
+    if algo.distill.coef:
+      self.assertGreater(float(metrics["distill_loss"]), 0.0)
 
 
 if __name__ == "__main__":

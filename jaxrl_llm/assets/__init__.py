@@ -1,4 +1,6 @@
-"""Files the package ships: the demo's warm-start checkpoint (HF format + tokenizer)."""
+"""Files the package ships (HF format + tokenizer): the demo's warm start `arithmetic_sft`, and
+`arithmetic_grpo`, that model after the demo's 200 GRPO steps (the distillation presets' teacher
+on the demo's task, configs/arithmetic.py)."""
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -47,6 +47,12 @@ def _check_advantage(cfg, num_samples: int | None, errors: list[str]) -> None:
       and num_samples is not None and num_samples < 2):
     errors.append(f"algo.advantage.estimator = {adv.estimator!r} is a group estimator "
                   f"and needs G = sampling.num_samples >= 2, got {num_samples}.")
+  if not 0.0 <= adv.decay < 1.0:
+    errors.append(f"algo.advantage.decay = {adv.decay} must be in [0, 1).")
+  if (not adv.fn and adv.estimator in advantages.STATEFUL_ESTIMATORS
+      and cfg.kl.placement == "reward" and cfg.kl.coef > 0):
+    errors.append(f"algo.advantage.estimator = {adv.estimator!r} keeps baselines of the outcome "
+                  "reward: expected algo.kl.placement 'loss' or 'none', got 'reward'.")
   if not adv.fn and adv.estimator == "gae" and cfg.value.coef <= 0:
     errors.append("algo.advantage.estimator = 'gae' trains a value model: "
                   f"algo.value.coef must be > 0, got {cfg.value.coef}.")
@@ -81,6 +87,16 @@ def _check_loss(cfg, errors: list[str]) -> None:
                   f"'token', got {loss.ratio!r}.")
   if loss.dual_clip != 0 and not loss.dual_clip > 1.0:
     errors.append(f"algo.loss.dual_clip = {loss.dual_clip} must be 0 (off) or > 1.")
+  if tr in ("dppo_tv", "ipo"):
+    if loss.ratio != "token":
+      errors.append(f"algo.loss.trust_region = {tr!r} compares each token's probabilities: "
+                    f"ratio must be 'token', got {loss.ratio!r}.")
+    for name in ("prob_low", "prob_high"):
+      if not 0.0 < loss[name] <= 1.0:
+        errors.append(f"algo.loss.{name} = {loss[name]} must be in (0, 1] for {tr!r} "
+                      "(a change of probability).")
+    if loss.log_ratio_coef < 0:
+      errors.append(f"algo.loss.log_ratio_coef = {loss.log_ratio_coef} must be >= 0.")
   if tr == "sapo" and not (loss.tau_pos > 0 and loss.tau_neg > 0):
     errors.append(f"algo.loss.tau_pos / tau_neg = {loss.tau_pos} / {loss.tau_neg} must be > 0.")
 

@@ -33,5 +33,35 @@ def check_inputs(config) -> None:
                            f"no string 'prompt' field (fields: {sorted(record)})")
       data.tokenize_prompts(tokenizer, [r["prompt"] for r in first], d,
                             config.sampling.prompt_buckets, indices=list(range(len(first))))
+    check_teacher_tokenizer(config, tokenizer)
   except (ValueError, OSError, ImportError) as e:
     raise ConfigError("; ".join(str(e).splitlines())) from e
+
+
+def check_teacher_tokenizer(config, tokenizer) -> None:
+  """A teacher (`config.teacher.path`) must map every token of the policy's tokenizer to the
+  same id (distillation compares the log-probs of the same ids), and its embedding must
+  cover them; a teacher with more tokens or a larger padded embedding is fine."""
+  from jaxrl_llm.models import load as model_load  # pylint: disable=g-import-not-at-top
+
+  path = config.teacher.path
+  if not path:
+    return
+  try:
+    teacher = data.load_tokenizer(path)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"config.teacher.path={path!r} has no tokenizer the policy's can be "
+                     f"compared with: {e}") from e
+  mine, theirs = tokenizer.get_vocab(), teacher.get_vocab()
+  differ = sorted((t for t in mine if theirs.get(t) != mine[t]), key=mine.get)
+  if differ:
+    t = differ[0]
+    raise ValueError(f"config.teacher.path={path!r}: its tokenizer maps {len(differ)} of the "
+                     f"policy's {len(mine)} tokens to other ids (e.g. {t!r}: {mine[t]} in the "
+                     f"policy's, {theirs.get(t)} in the teacher's): expected the policy's "
+                     "tokenizer")
+  vocab_size = model_load.read_config(path)["vocab_size"]
+  if vocab_size < len(mine):
+    raise ValueError(f"config.teacher.path={path!r}: vocab_size {vocab_size} in its config.json "
+                     f"is smaller than the policy's tokenizer ({len(mine)} tokens): expected "
+                     f">= {len(mine)}")

@@ -43,6 +43,13 @@ def model_config() -> ConfigDict:
   })
 
 
+def teacher_config() -> ConfigDict:
+  """A frozen teacher for on-policy distillation (`algo.distill`), sharded like the reference."""
+  return ConfigDict({
+      "path": "",  # HF checkpoint dir, local or gs://; '' = no teacher. Must share the tokenizer
+  })
+
+
 def mesh_config() -> ConfigDict:
   """Device mesh and the logical-axis -> mesh-axes rules (see jaxrl_llm/sharding.py)."""
   return ConfigDict({
@@ -94,15 +101,20 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
           "gamma": 1.0,
           "lam": 1.0,
           "whiten": False,  # gae only: whiten advantages over the batch's valid tokens
+          "decay": 0.95,  # rae only: b <- decay*b + (1 - decay)*r after each row
       },
       "loss": {
+          "pg_coef": 1.0,  # weight of the policy-gradient term; 0: pure distillation (opd)
           "ratio": "token",  # token | sequence | sequence_token | none
-          "trust_region": "clip",  # clip | cispo | gmpo | sapo | none
+          "trust_region": "clip",  # clip | cispo | gmpo | sapo | dppo_tv | ipo | none
           "clip_low": 0.2,
           "clip_high": 0.2,
           "dual_clip": 0.0,  # 0 = off, else c > 1
           "tau_pos": 1.0,  # sapo only
           "tau_neg": 1.05,  # sapo only
+          "prob_low": 0.2,  # dppo_tv / ipo: largest fall of a token's probability pi - mu
+          "prob_high": 0.2,  # dppo_tv / ipo: largest rise
+          "log_ratio_coef": 1e-3,  # dppo_tv / ipo: weight of (log rho)^2 per token
           "aggregation": "seq_mean_token_mean",
           "norm_length": 0,  # seq_mean_token_sum_norm only
           "entropy_coef": 0.0,
@@ -113,6 +125,11 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
           "estimator": "k3",  # k1 | k2 | k3
           "placement": "loss",  # loss | reward | none
       },
+      # On-policy distillation from config.teacher (objectives/distillation.py): coef weighs
+      # prime-rl's opd loss term (token mean of -m*sg(log pT - log p)*rho + log_ratio_coef*
+      # (log rho)^2, m = 0 where p - mu < -mask_low); shaping_coef is miles' advantage shaping
+      # A - shaping_coef*(old_logp - teacher_logp). Both 0: no teacher is read.
+      "distill": {"coef": 0.0, "mask_low": 0.2, "log_ratio_coef": 1e-3, "shaping_coef": 0.0},
       "value": {
           "coef": 0.0,  # > 0 only with a value model (gae)
           "value_clip": 0.2,
@@ -222,6 +239,7 @@ def base_config() -> ConfigDict:
   config = ConfigDict()
   config.seed = 0
   config.model = model_config()
+  config.teacher = teacher_config()
   config.mesh = mesh_config()
   config.sampling = sampling_config()
   config.algo = algo_config(config.sampling)

@@ -49,6 +49,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_checkpoint(config.checkpoint)
     _check_batch_shards(config, devices)
     _check_model(config.model)
+    _check_teacher(config)
     RewardSet.from_config(config.rewards)  # resolves the functions, checks the weights
     if workdir is not None:
       check_writable(workdir)
@@ -270,6 +271,25 @@ def _check_model(m) -> None:
     raise ConfigError(f"config.model.arch.vocab_size={m.arch.vocab_size} is smaller than the "
                       f"built-in character tokenizer's {needed} tokens: expected >= {needed}, "
                       "or set config.model.tokenizer_path")
+
+
+def _check_teacher(config) -> None:
+  d, path = config.algo.distill, config.teacher.path
+  readers = [f"algo.distill.{k} = {d[k]}" for k in ("coef", "shaping_coef") if d[k] != 0]
+  if readers and not path:
+    raise ConfigError(f"{' and '.join(readers)} distil from a teacher, but config.teacher.path "
+                      "is '': expected a Hugging Face checkpoint directory (local or gs://)")
+  if path and not readers:
+    raise ConfigError(f"config.teacher.path={path!r} is set but nothing reads it: expected "
+                      "algo.distill.coef > 0 or algo.distill.shaping_coef > 0 (or teacher.path '')")
+  if readers and config.data.completions != "sample":
+    raise ConfigError(f"{readers[0]} distils on the policy's own samples: expected "
+                      f"data.completions = 'sample', got {config.data.completions!r}")
+  if path:
+    try:
+      model_config.from_hf_dict(model_load.check_model_dir(path))
+    except (OSError, ValueError) as e:
+      raise ConfigError(f"config.teacher.path={path!r}: {e}") from e
 
 
 # --- workdir --------------------------------------------------------------------------------------

@@ -14,21 +14,26 @@ below resolve it (`jaxrl_llm.config.validate_algo` checks the choices).
 
 Modules: `logprobs` (per-token logp and entropy, chunked), `advantages`, `kl`,
 `aggregation` (loss reductions and exact accumulation), `losses` (ratios, trust
-regions, policy and value losses), `shaping` (DAPO extras, truncated IS, behaviour
-masking).
+regions, policy and value losses), `distillation` (a teacher's log-probs as a loss term
+or advantage shaping), `shaping` (DAPO extras, truncated IS, behaviour masking).
 """
 from jaxrl_llm.objectives.advantages import ESTIMATORS
 from jaxrl_llm.objectives.advantages import OUTCOME_ESTIMATORS
+from jaxrl_llm.objectives.advantages import STATEFUL_ESTIMATORS
 from jaxrl_llm.objectives.advantages import discounted_returns
 from jaxrl_llm.objectives.advantages import gae
 from jaxrl_llm.objectives.advantages import kl_penalised_rewards
 from jaxrl_llm.objectives.advantages import masked_whiten
 from jaxrl_llm.objectives.advantages import outcome_advantages
 from jaxrl_llm.objectives.advantages import outcome_token_rewards
+from jaxrl_llm.objectives.advantages import rae_baselines
 from jaxrl_llm.objectives.advantages import token_advantages
 from jaxrl_llm.objectives.advantages import zero_variance_group_frac
 from jaxrl_llm.objectives.aggregation import AGGREGATIONS
 from jaxrl_llm.objectives.aggregation import batch_counts
+from jaxrl_llm.objectives.distillation import reverse_kl
+from jaxrl_llm.objectives.distillation import reverse_kl_loss
+from jaxrl_llm.objectives.distillation import shaped_advantages as distill_shaped_advantages
 from jaxrl_llm.objectives.kl import KL_ESTIMATORS
 from jaxrl_llm.objectives.kl import kl_divergence
 from jaxrl_llm.objectives.logprobs import chunked_token_logp_and_entropy

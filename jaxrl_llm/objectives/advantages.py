@@ -28,6 +28,7 @@ Array = jax.Array
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "max_rl", "reinforce_pp_baseline")
 TOKEN_ESTIMATORS = ("reinforce_pp", "gae")
+STATEFUL_ESTIMATORS = ("rae",)  # baselines carried from step to step (training state)
 SCALES = ("group", "batch", "none")
 
 
@@ -144,7 +145,38 @@ OUTCOME_ESTIMATORS: dict[str, OutcomeFn] = {
         r, lengths_PG=lengths, eps=cfg.advantage.eps),
     "constant": lambda r, cfg, _: constant_advantages(r),
 }
-ESTIMATORS = tuple(OUTCOME_ESTIMATORS) + TOKEN_ESTIMATORS
+ESTIMATORS = tuple(OUTCOME_ESTIMATORS) + TOKEN_ESTIMATORS + STATEFUL_ESTIMATORS
+
+
+def rae_baselines(rewards_B: Array, keys_B: Array, baselines_K: Array,
+                  decay: float) -> tuple[Array, Array]:
+  """SPIRAL's role-conditioned baselines (RAE), one exponential moving average per key.
+
+  Liu et al. 2025, "SPIRAL", arXiv:2506.24119; as prime-rl's `RAEAlgorithm`
+  (`src/prime_rl/orchestrator/algo/rae.py`, commit 559b447): rows are scored in order,
+  each against its key's baseline BEFORE its own reward updates it,
+  `b_k <- decay·b_k + (1 - decay)·r`. The advantage is then `r - seen` (not normalised,
+  any group size). A single key is REINFORCE with an EMA baseline.
+
+  Args:
+    rewards_B: `[B]` rewards, in row order.
+    keys_B: `[B]` int32 index of each row's baseline (its source, later its agent).
+    baselines_K: `[K]` float32 baselines before this batch (zeros at the start of a run).
+    decay: the EMA's decay (0.95 in SPIRAL and prime-rl).
+
+  Returns:
+    `(seen_B, baselines_K)`: the baseline each row was scored against, and the baselines
+    after the batch (to carry to the next step).
+  """
+  def score(baselines, row):
+    reward, key = row
+    seen = baselines[key]
+    return baselines.at[key].set(decay * seen + (1.0 - decay) * reward), seen
+
+  rewards_B = jax.lax.stop_gradient(rewards_B.astype(jnp.float32))
+  baselines_K, seen_B = jax.lax.scan(score, baselines_K.astype(jnp.float32),
+                                     (rewards_B, keys_B.astype(jnp.int32)))
+  return seen_B, baselines_K
 
 
 def outcome_advantages(rewards_PG: Array, cfg, *, lengths_PG: Array | None = None) -> Array:
@@ -308,6 +340,7 @@ def token_advantages(
     logp_BT: Array | None = None,
     ref_logp_BT: Array | None = None,
     values_BT: Array | None = None,
+    baselines_B: Array | None = None,
 ) -> tuple[Array, Array | None]:
   """Per-token advantages for any `cfg.advantage.estimator`, KL-in-reward included.
 
@@ -328,6 +361,7 @@ def token_advantages(
     logp_BT: behaviour-policy log-probs (needed for KL in the reward).
     ref_logp_BT: reference log-probs (needed for KL in the reward).
     values_BT: value predictions (needed for `gae`).
+    baselines_B: the baseline each row is scored against (`rae`: `rae_baselines`).
 
   Returns:
     `(adv_BT, returns_BT)`: float32, 0 on masked tokens, stop-gradient; `returns_BT`
@@ -346,6 +380,11 @@ def token_advantages(
     kl_coef = cfg.kl.coef
 
   name = cfg.advantage.estimator
+  if name in STATEFUL_ESTIMATORS and not cfg.advantage.fn:
+    if baselines_B is None:
+      raise ValueError(f"The {name} estimator needs baselines_B (rae_baselines).")
+    adv_B = kl_penalised_rewards(rewards_B, mask_BT, kl_BT, kl_coef) - baselines_B
+    return adv_B[:, None] * mask_BT, None
   if cfg.advantage.fn or name not in TOKEN_ESTIMATORS:
     penalised_PG = kl_penalised_rewards(rewards_B, mask_BT, kl_BT, kl_coef).reshape(P, G)
     lengths_PG = jnp.sum(mask_BT, axis=1).reshape(P, G)

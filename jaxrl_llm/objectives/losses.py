@@ -3,12 +3,13 @@
 `policy_loss` composes four independent choices read from `config.algo`:
 
   ratio (`loss.ratio`)          token | sequence | sequence_token | none
-  trust region (`loss.trust_region`)   clip | cispo | gmpo | sapo | none
+  trust region (`loss.trust_region`)   clip | cispo | gmpo | sapo | dppo_tv | ipo | none
   KL to the reference (`kl`)    β·KL per token when `kl.placement == 'loss'`
   aggregation (`loss.aggregation`)     see `aggregation.py`
 
-into per-token losses `ℓ = ℓ_pg + β·KL - entropy_coef·H`, each part reduced with the
-same aggregation. The returned value is a loss to MINIMISE (papers maximise).
+into per-token losses `ℓ = pg_coef·ℓ_pg + β·KL - entropy_coef·H`, each part reduced with
+the same aggregation, plus a teacher's distillation term (`distillation.py`) when
+`distill.coef > 0`. The returned value is a loss to MINIMISE (papers maximise).
 `old_logp`, `ref_logp` and `advantages` are data (stop-gradient).
 
 Ratio `none` has no importance weight: the surrogate is the REINFORCE form
@@ -29,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.objectives import aggregation
+from jaxrl_llm.objectives import distillation
 from jaxrl_llm.objectives import kl as kl_lib
 
 Array = jax.Array
@@ -141,6 +143,47 @@ def sapo_loss(ratio, adv, logp, log_ratio, mask, cfg):
   return -jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv, {}
 
 
+def _prob_shift(logp, log_ratio):
+  """`π_t - μ_t`: how far the sampled token's probability moved (stop-gradient)."""
+  return sg(jnp.exp(logp) - jnp.exp(logp - log_ratio))
+
+
+def dppo_tv_loss(ratio, adv, logp, log_ratio, mask, cfg):
+  """prime-rl's default loss: DPPO-Binary-TV with a squared log-ratio term.
+
+  `-keep·ρ·A + log_ratio_coef·(log ρ)²`, where a token is dropped from the first term
+  when its probability moved too far in the direction its advantage pushes: `π - μ >
+  prob_high` with A > 0, `π - μ < -prob_low` otherwise (probabilities, not ratios).
+  The mask is a trust region in total variation (DPPO, arXiv:2602.04879); the squared
+  log-ratio is Kimi K2.5's KL term (arXiv:2602.02276). As `default_loss_fn` in
+  prime-rl's `src/prime_rl/trainer/rl/loss.py` (commit 559b447), whose defaults are
+  0.2 / 0.2 / 1e-3.
+  """
+  del mask
+  shift = _prob_shift(logp, log_ratio)
+  too_high, too_low = shift > cfg.prob_high, shift < -cfg.prob_low
+  masked = jnp.where(adv > 0, too_high, too_low)
+  loss = -jnp.where(masked, 0.0, ratio * adv) + cfg.log_ratio_coef * jnp.square(log_ratio)
+  flags = {"prob_mask_frac": masked,
+           "prob_mask_frac_low": (adv < 0) & too_low,
+           "prob_mask_frac_high": (adv > 0) & too_high}
+  return loss, flags
+
+
+def ipo_loss(ratio, adv, logp, log_ratio, mask, cfg):
+  """prime-rl's IPO loss: a symmetric trust region in probability.
+
+  `-1[-prob_low <= π - μ <= prob_high]·ρ·A + log_ratio_coef·(log ρ)²`, whatever the
+  sign of A; prime-rl's `ipo_loss_fn` (same file and commit as `dppo_tv_loss`) masks
+  `|π - μ| > ipo_threshold = 0.1`, which is `prob_low = prob_high = 0.1` here.
+  """
+  del mask
+  shift = _prob_shift(logp, log_ratio)
+  masked = (shift > cfg.prob_high) | (shift < -cfg.prob_low)
+  loss = -jnp.where(masked, 0.0, ratio * adv) + cfg.log_ratio_coef * jnp.square(log_ratio)
+  return loss, {"prob_mask_frac": masked}
+
+
 def no_trust_region_loss(ratio, adv, logp, log_ratio, mask, cfg):
   """`-ρ·A` (vanilla importance-weighted policy gradient)."""
   del logp, log_ratio, mask, cfg
@@ -152,6 +195,8 @@ TRUST_REGIONS = {
     "cispo": cispo_loss,
     "gmpo": gmpo_loss,
     "sapo": sapo_loss,
+    "dppo_tv": dppo_tv_loss,
+    "ipo": ipo_loss,
     "none": no_trust_region_loss,
 }
 
@@ -174,6 +219,7 @@ def policy_loss(
     ref_logp: Array | None = None,
     entropy: Array | None = None,
     *,
+    teacher_logp: Array | None = None,
     counts: aggregation.Counts | None = None,
 ) -> tuple[Array, dict[str, Array]]:
   """The policy-gradient loss of any preset, as a loss to minimise.
@@ -193,16 +239,21 @@ def policy_loss(
     ref_logp: `[B, T]` reference log-probs; with the KL in the loss and no
       `ref_logp`, the KL term is left out (with a warning at trace time).
     entropy: `[B, T]` per-token entropy of the policy; needed if `entropy_coef != 0`.
+    teacher_logp: `[B, T]` a teacher's log-probs of the sampled tokens: with
+      `cfg.distill.coef > 0` the distillation term `distillation.reverse_kl_loss` is
+      added, times that coefficient (`distill_loss`).
     counts: `batch_counts(mask)` of the WHOLE minibatch when this call sees only a
       piece of it (micro-batch or device shard); defaults to this call's own counts.
 
   Returns:
-    `(loss, metrics)`. `metrics` holds scalars: `pg_loss`, `kl_loss`,
-    `entropy_loss` (they sum to `loss`); `approx_kl` (k3 of new vs old, token mean);
+    `(loss, metrics)`. `metrics` holds scalars: `pg_loss` (times `cfg.loss.pg_coef`;
+    0 and no trust-region metrics when that is 0), `kl_loss`, `entropy_loss` and, with
+    a distillation term, `distill_loss` (they sum to `loss`); `approx_kl` (k3 of new vs old, token mean);
     `ratio_mean`, `ratio_min`, `ratio_max` (of the ratio the loss uses); `clip_frac`
     for clip/cispo/gmpo, with `clip_frac_low` and `clip_frac_high` where both bounds
     apply and `clip_frac_dual` with a dual clip (fractions of valid tokens whose
-    clipped branch is the active one); `entropy` when `entropy` is given; `kl_ref`
+    clipped branch is the active one); `prob_mask_frac` for dppo_tv/ipo (with
+    `_low`/`_high` for dppo_tv); `entropy` when `entropy` is given; `kl_ref`
     when `ref_logp` is given.
   """
   loss_cfg = cfg.loss
@@ -221,19 +272,34 @@ def policy_loss(
   log_ratio = logp - old_logp
   ratio = _lookup(RATIOS, loss_cfg.ratio, "importance ratio")(log_ratio, mask)
   trust_region = _lookup(TRUST_REGIONS, loss_cfg.trust_region, "trust region")
-  if loss_cfg.ratio == "none":
-    if loss_cfg.trust_region != "none":
-      raise ValueError(f"Ratio 'none' needs trust_region 'none', "
-                       f"got {loss_cfg.trust_region!r}.")
-    pg_BT, flags = -adv * logp, {}
-  else:
-    pg_BT, flags = trust_region(ratio, adv, logp, log_ratio, mask, loss_cfg)
-
-  metrics = {"pg_loss": reduce(pg_BT, mask, counts, loss_cfg)}
+  if loss_cfg.ratio == "none" and loss_cfg.trust_region != "none":
+    raise ValueError(f"Ratio 'none' needs trust_region 'none', got {loss_cfg.trust_region!r}.")
+  metrics, flags = {"pg_loss": jnp.zeros((), jnp.float32)}, {}
+  if loss_cfg.pg_coef != 0:  # 0: a pure distillation run, no advantage is read
+    if loss_cfg.ratio == "none":
+      pg_BT = -adv * logp
+    else:
+      pg_BT, flags = trust_region(ratio, adv, logp, log_ratio, mask, loss_cfg)
+    metrics["pg_loss"] = loss_cfg.pg_coef * reduce(pg_BT, mask, counts, loss_cfg)
   metrics.update(_kl_and_entropy_terms(logp, ref_logp, entropy, valid, mask, counts, cfg, reduce))
-  loss = metrics["pg_loss"] + metrics["kl_loss"] + metrics["entropy_loss"]
+  metrics.update(_distillation_term(logp, old_logp, teacher_logp, mask, counts, cfg))
+  loss = sum(metrics[k] for k in ("pg_loss", "kl_loss", "entropy_loss", "distill_loss")
+             if k in metrics)
   metrics.update(_ratio_diagnostics(log_ratio, ratio, flags, mask, counts))
   return loss, metrics
+
+
+def _distillation_term(logp, old_logp, teacher_logp, mask, counts, cfg) -> dict[str, Array]:
+  """`distill_loss` (`cfg.distill.coef` times `reverse_kl_loss`) and its mask fraction;
+  nothing when the term is off."""
+  if cfg.distill.coef == 0:
+    return {}
+  if teacher_logp is None:
+    raise ValueError(f"algo.distill.coef = {cfg.distill.coef} needs the teacher's log-probs "
+                     "(teacher_logp); got None.")
+  loss, metrics = distillation.reverse_kl_loss(logp, old_logp, teacher_logp, mask, cfg,
+                                               counts=counts)
+  return dict(metrics, distill_loss=cfg.distill.coef * loss)
 
 
 def _kl_and_entropy_terms(logp, ref_logp, entropy, valid, mask, counts, cfg,

@@ -55,7 +55,7 @@ def forward_flops(c, tokens: float, context: float, unembedded: float | None = N
 
 def step_flops(model_config, algo, *, prompts: int, samples: int, prompt_len: int,
                new_tokens: int, generated: float | None, reference: bool, value: bool,
-               recompute_old_logp: bool) -> dict[str, float]:
+               recompute_old_logp: bool, teacher_config=None) -> dict[str, float]:
   """Model FLOPs of one RL step by phase: {'sample', 'logprob', 'update', 'total'}.
 
   Args:
@@ -67,6 +67,7 @@ def step_flops(model_config, algo, *, prompts: int, samples: int, prompt_len: in
     reference: a frozen reference scores the batch (KL term).
     value: a critic scores the batch and is trained with the policy.
     recompute_old_logp: the policy's old log-probs are recomputed before the update.
+    teacher_config: the `ModelConfig` of a teacher that scores the batch (None: none).
   """
   c, B, S0, N = model_config, prompts * samples, prompt_len, new_tokens
   T = S0 + N
@@ -78,6 +79,8 @@ def step_flops(model_config, algo, *, prompts: int, samples: int, prompt_len: in
               + forward_flops(c, generated, S0 + (mean_len + 1) / 2))
   critic_forward = forward_flops(c, B * T, (T + 1) / 2, unembedded=0)
   logprob = batch_forward * (reference + recompute_old_logp) + critic_forward * value
+  if teacher_config is not None:
+    logprob += forward_flops(teacher_config, B * T, (T + 1) / 2, unembedded=B * N)
   update = 3 * algo.num_iterations * (batch_forward + critic_forward * value)
   return {"sample": sample, "logprob": logprob, "update": update,
           "total": sample + logprob + update}
@@ -109,7 +112,7 @@ def measured_peak(devices) -> float:
 
 
 def throughput(model_config, plan, rollout, arrays, times: dict[str, float], samples: int,
-               new_tokens: int, peak: float) -> dict[str, float]:
+               new_tokens: int, peak: float, teacher_config=None) -> dict[str, float]:
   """Step times, tokens per second and model-FLOP utilisation of a step.
 
   Args:
@@ -119,6 +122,7 @@ def throughput(model_config, plan, rollout, arrays, times: dict[str, float], sam
     times: seconds of the step and of its phases: `step`, `sample`, `logprob`, `update`.
     samples, new_tokens: G and N.
     peak: the FLOP/s of all the mesh's devices together.
+    teacher_config: the teacher's `ModelConfig` when one scores the batch.
   """
   prompts = len(rollout.prompts) * jax.process_count()
   sampled = rollout.logprobs is not None
@@ -127,7 +131,7 @@ def throughput(model_config, plan, rollout, arrays, times: dict[str, float], sam
       model_config, plan.algo, prompts=prompts, samples=samples,
       prompt_len=arrays["tokens"].shape[1] - new_tokens, new_tokens=new_tokens,
       generated=lengths if sampled else None, reference=plan.reference, value=plan.value_model,
-      recompute_old_logp=plan.old_logp == "recompute")
+      recompute_old_logp=plan.old_logp == "recompute", teacher_config=teacher_config)
   train_tokens = float(distributed.sum_int(int(arrays["loss_mask"].sum())))
   t_update = max(times["update"], 1e-9)
   return dict(step_time_s=times["step"], sample_time_s=times["sample"],

@@ -77,9 +77,11 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
       t0 = time.perf_counter()
       arrays = prepare.batch_arrays(rollout, config.sampling.num_samples,
                                     plan.algo.overlong.mask_truncated)
-      batch, prepare_metrics = programs.prepare(
+      batch, prepare_metrics, baselines = programs.prepare(
           prepare.place_batch(arrays, mesh, setup.models.rules), as_policy(state),
-          setup.models.reference, _value_model(setup, state))
+          setup.models.reference, _value_model(setup, state), setup.models.teacher,
+          state.baselines)
+      state = state.replace(baselines=baselines)
       jax.block_until_ready(batch)
       t_logprob = time.perf_counter() - t0
       # ---------------------------------------------------------------- Update
@@ -124,7 +126,8 @@ def _checkpoint_meta(config, plan, setup, done: int, rollout, guard) -> dict:
   """What a checkpoint records beside the state: the position, the skip counters, and what
   a resume checks (`resume.check`)."""
   return {"step": done, "data_position": rollout.position, **guard.state(),
-          "fingerprint": resume.fingerprint(setup.models.policy.config, plan.value_model),
+          "fingerprint": resume.fingerprint(setup.models.policy.config, plan.value_model,
+                                            plan.baselines),
           "run": resume.run_identity(config)}
 
 
@@ -164,8 +167,10 @@ def _step_row(config, plan, setup, rollout, arrays, update_metrics, times, done:
   row.update(rollout.metrics)
   for extra in jax.device_get(more):
     row.update(extra)
+  teacher = setup.models.teacher
   row.update(flops.throughput(setup.models.policy.config, plan, rollout, arrays, times,
-                              config.sampling.num_samples, config.sampling.max_new_tokens, peak))
+                              config.sampling.num_samples, config.sampling.max_new_tokens, peak,
+                              teacher_config=None if teacher is None else teacher.config))
   row.update(lr=float(setup.schedule(done * plan.updates_per_step - 1)),
              reward_time_s=times["reward"], data_position=rollout.position)
   return row

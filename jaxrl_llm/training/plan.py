@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jaxrl_llm import objectives
+
 OLD_LOGP_SOURCES = ("sampler", "recompute", "own")
 
 
@@ -21,6 +23,9 @@ class Plan:
     algo: `config.algo` with its field references resolved (what the steps read).
     reference: a frozen copy of the initial policy scores the batch (a KL term).
     value_model: a critic is trained beside the policy (`algo.value.coef > 0`).
+    teacher: a frozen teacher (`config.teacher.path`) scores the batch (distillation).
+    baselines: how many baselines a stateful estimator (`rae`) carries in the train state
+      (0: none).
     completions: 'sample' (the policy samples G per prompt) or 'dataset' (each record's
       target, SFT).
     old_logp: where the update's old log-probs come from: 'sampler' (the behaviour
@@ -36,6 +41,8 @@ class Plan:
   algo: Any
   reference: bool
   value_model: bool
+  teacher: bool
+  baselines: int
   completions: str
   old_logp: str
   corrects_behaviour: bool
@@ -45,7 +52,8 @@ class Plan:
 
   def describe(self) -> str:
     """One line per decision, for the start of a run's log."""
-    models = ["policy"] + ["reference"] * self.reference + ["value model"] * self.value_model
+    models = (["policy"] + ["reference"] * self.reference + ["value model"] * self.value_model
+              + ["teacher"] * self.teacher)
     rollouts = ("sampled by the policy" if self.completions == "sample"
                 else "the dataset's completions")
     if self.max_async_level:
@@ -98,6 +106,9 @@ def make_plan(config) -> Plan:
       algo=algo.copy_and_resolve_references(),
       reference=algo.kl.coef > 0 and algo.kl.placement != "none",
       value_model=algo.value.coef > 0,
+      teacher=bool(config.teacher.path),
+      baselines=int(not algo.advantage.fn
+                    and algo.advantage.estimator in objectives.STATEFUL_ESTIMATORS),
       completions=config.data.completions,
       old_logp=old_logp,
       corrects_behaviour=sampled and old_logp == "recompute",

@@ -25,7 +25,8 @@ class Programs:
   """The jitted programs of a step, in the order `train` runs them.
 
   Attributes:
-    prepare: (raw batch, policy, reference, value) -> (training batch, metrics).
+    prepare: (raw batch, policy, reference, value, teacher, baselines) -> (training batch,
+      metrics, baselines).
     policy_update, value_update: (state, minibatch) -> (state, metrics); value_update is
       None without a critic.
     take_rows: (batch, row indices) -> the minibatch of those rows.
@@ -79,14 +80,16 @@ def compile_programs(config, plan: Plan, trained_models, optimizer, layout) -> P
                         optimizer=optimizer, num_micro=minibatch_rows // micro_rows, **kw),
       in_shardings=(state_shardings, minibatch), out_shardings=(state_shardings, repl),
       donate_argnums=(0,), compiler_options=models.COMPILER_OPTIONS)
-  policy, reference, value = trained_models.policy, trained_models.reference, trained_models.value
+  m = trained_models
+  policy, reference, value, teacher = m.policy, m.reference, m.value, m.teacher
   return Programs(
       prepare=jax.jit(functools.partial(prepare.prepare_batch, plan=plan,
                                         num_samples=s.num_samples, temperature=s.temperature,
                                         chunk_size=t.logprob_chunk_size,
                                         num_micro=B // micro_rows),
-                      in_shardings=(rows, placed(policy), placed(reference), placed(value)),
-                      out_shardings=(rows, repl), compiler_options=models.COMPILER_OPTIONS),
+                      in_shardings=(rows, placed(policy), placed(reference), placed(value),
+                                    placed(teacher), repl),
+                      out_shardings=(rows, repl, repl), compiler_options=models.COMPILER_OPTIONS),
       policy_update=update(steps.policy_step, policy, temperature=s.temperature,
                            chunk_size=t.logprob_chunk_size),
       value_update=None if value is None else update(steps.value_step, value),

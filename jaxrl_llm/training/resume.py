@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from jaxrl_llm import checkpoints, models
+from jaxrl_llm.config import schema
 from jaxrl_llm.config.errors import ConfigError
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.training import setup as setup_lib
@@ -37,11 +38,15 @@ class Start:
   consecutive_skips: int = 0
 
 
-def fingerprint(model_config: ModelConfig, value_model: bool) -> dict[str, Any]:
+def fingerprint(model_config: ModelConfig, value_model: bool, baselines: int = 0
+                ) -> dict[str, Any]:
   """What a checkpoint's state shapes depend on; a resume must match it."""
-  return {"model": {k: v for k, v in dataclasses.asdict(model_config).items()
-                    if k not in ("remat", "attention", "bos_token_id", "eos_token_id", "pad_token_id")},
-          "param_layout": models.PARAM_LAYOUT, "value_model": value_model}
+  out = {"model": {k: v for k, v in dataclasses.asdict(model_config).items()
+                   if k not in ("remat", "attention", "bos_token_id", "eos_token_id", "pad_token_id")},
+         "param_layout": models.PARAM_LAYOUT, "value_model": value_model}
+  if baselines:  # absent otherwise: the checkpoints of earlier versions keep matching
+    out["baselines"] = baselines
+  return out
 
 
 def run_identity(config) -> dict[str, Any]:
@@ -49,6 +54,14 @@ def run_identity(config) -> dict[str, Any]:
   model = {k: v for k, v in config.model.to_dict().items() if k not in SPEED_FIELDS}
   algo = config.algo.copy_and_resolve_references().to_dict()
   return json.loads(json.dumps({"algo": algo, "model": model}))
+
+
+def with_defaults(saved, defaults):
+  """`saved` (a checkpoint's `run_identity`) with the fields it lacks taken from `defaults`:
+  a field added to the schema after the checkpoint was written had its default's effect."""
+  if not (isinstance(saved, dict) and isinstance(defaults, dict)):
+    return saved
+  return {**defaults, **{k: with_defaults(v, defaults.get(k)) for k, v in saved.items()}}
 
 
 def differences(saved, wanted, prefix="") -> list[str]:
@@ -84,13 +97,14 @@ def check(ckpt: checkpoints.Checkpointer, config, plan: Plan, workdir: str,
   if latest is None:
     return None
   meta = ckpt.read_meta(latest)
-  wanted = fingerprint(setup_lib.model_config(config.model), plan.value_model)
+  wanted = fingerprint(setup_lib.model_config(config.model), plan.value_model, plan.baselines)
   if meta.get("fingerprint") != wanted:
     raise ConfigError(f"the checkpoint at step {latest} in {workdir!r} was written by an "
                       "incompatible config: "
                       f"{'; '.join(differences(meta.get('fingerprint'), wanted))}; "
                       "expected the same model (or a fresh workdir)")
-  changed = differences(meta.get("run", run_identity(config)), run_identity(config))
+  saved = with_defaults(meta.get("run", run_identity(config)), run_identity(schema.base_config()))
+  changed = differences(saved, run_identity(config))
   if changed and not allow_changes:
     raise ConfigError(f"the checkpoint at step {latest} in {workdir!r} was written by another "
                       f"algorithm or model: config.{'; config.'.join(changed)}; expected the "

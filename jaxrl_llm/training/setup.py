@@ -19,10 +19,14 @@ from jaxrl_llm.training import state as state_lib
 from jaxrl_llm.training.plan import Plan
 
 
-def model_config(m) -> ModelConfig:
-  """The policy's architecture from `config.model` (`m`): its `path`'s config.json, or `arch`."""
-  if m.path:
-    return from_hf_dict(load.read_config(m.path), dtype=m.dtype, param_dtype=m.param_dtype,
+def model_config(m, path: str | None = None) -> ModelConfig:
+  """The policy's architecture from `config.model` (`m`): its `path`'s config.json, or `arch`.
+
+  `path`: another checkpoint's architecture (the teacher's) with the policy's numerics.
+  """
+  path = m.path if path is None else path
+  if path:
+    return from_hf_dict(load.read_config(path), dtype=m.dtype, param_dtype=m.param_dtype,
                         remat=m.remat, attention=m.attention)
   a = m.arch
   return ModelConfig(
@@ -65,6 +69,8 @@ class Models:
       none); the policy's and critic's trained parameters live in the train state.
     rollout_policy: with split placement (`config.mesh.rollout_devices`), the policy placed
       on the sampler's own mesh (a copy of the initial parameters); None otherwise.
+    teacher: the frozen teacher (`config.teacher.path`), sharded like the policy; None
+      without one.
   """
   mesh: Any
   rules: Any
@@ -72,6 +78,7 @@ class Models:
   reference: models.Model | None
   value: models.Model | None
   rollout_policy: models.Model | None = None
+  teacher: models.Model | None = None
 
   def sampling_policy(self, params) -> models.Model:
     """The policy with `params` where the sampler runs: on the rollout mesh (one
@@ -118,7 +125,7 @@ def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
     tokenizer, policy = None, abstract_model(model_config(config.model))
   else:
     tokenizer, policy = load_tokenizer_and_policy(config, mesh, rules)
-  rollout_policy = reference = value = None
+  rollout_policy = reference = value = teacher = None
   if rollout_mesh is not None and not abstract:
     rollout_policy = models.place(policy, rollout_mesh, rules)
   if plan.reference:
@@ -126,13 +133,19 @@ def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
   if plan.value_model:
     value = (abstract_model(policy.config.replace(head="value")) if abstract
              else models.value_model(policy))
-  trained = Models(mesh, rules, policy, reference, value, rollout_policy)
+  if plan.teacher:
+    teacher_cfg = model_config(config.model, config.teacher.path)
+    teacher = (abstract_model(teacher_cfg) if abstract else models.place(
+        models.Model(load.load_params(config.teacher.path, teacher_cfg), teacher_cfg), mesh,
+        rules))
+  trained = Models(mesh, rules, policy, reference, value, rollout_policy, teacher)
   # One schedule: the optimizer follows it and the `lr` metric reads it.
   schedule = state_lib.make_schedule(config.optimizer, config.train.steps * plan.updates_per_step)
   optimizer = state_lib.make_optimizer(config.optimizer, schedule)
   layout = state_lib.abstract_state(
       optimizer, models.abstract_params(policy.config, mesh, rules),
-      None if value is None else models.abstract_params(value.config, mesh, rules))
+      None if value is None else models.abstract_params(value.config, mesh, rules),
+      num_baselines=plan.baselines)
   programs = programs_lib.compile_programs(config, plan, trained, optimizer, layout)
   return Setup(trained, tokenizer, schedule, optimizer, layout, programs)
 

@@ -23,6 +23,7 @@ class TrainState:
     policy_params, policy_opt: the policy and its optax state.
     value_params, value_opt: the critic and its optax state (None without a value model).
     rng: the run's root PRNG key (uint32 [2]); every use folds in the step.
+    baselines: a stateful estimator's baselines (float32 [K], `rae`); None without one.
   """
   step: jax.Array
   policy_params: Any
@@ -30,6 +31,7 @@ class TrainState:
   value_params: Any
   value_opt: Any
   rng: jax.Array
+  baselines: Any = None
 
 
 def make_schedule(opt_cfg, total_updates: int) -> optax.Schedule:
@@ -70,7 +72,7 @@ def optimizer_shardings(optimizer: optax.GradientTransformation, abstract_params
 
 
 def abstract_state(optimizer: optax.GradientTransformation, abstract_policy,
-                   abstract_value=None) -> TrainState:
+                   abstract_value=None, num_baselines: int = 0) -> TrainState:
   """The TrainState's shapes, dtypes and shardings, allocating nothing: the layout every
   step program, every fresh state and every restored checkpoint uses.
 
@@ -78,6 +80,7 @@ def abstract_state(optimizer: optax.GradientTransformation, abstract_policy,
     optimizer: the optax transformation of both the policy and the critic.
     abstract_policy, abstract_value: `jax.ShapeDtypeStruct`s (with shardings) of the
       policy's and the critic's parameters (`models.abstract_params`); no critic: None.
+    num_baselines: K, the baselines a stateful estimator keeps (0: none).
   """
   mesh = jax.tree.leaves(abstract_policy)[0].sharding.mesh
   replicated = NamedSharding(mesh, PartitionSpec())
@@ -92,7 +95,8 @@ def abstract_state(optimizer: optax.GradientTransformation, abstract_policy,
   scalar = lambda dtype, shape=(): jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
   return TrainState(step=scalar(jnp.int32), policy_params=abstract_policy,
                     policy_opt=opt(abstract_policy), value_params=abstract_value,
-                    value_opt=opt(abstract_value), rng=scalar(jnp.uint32, (2,)))
+                    value_opt=opt(abstract_value), rng=scalar(jnp.uint32, (2,)),
+                    baselines=scalar(jnp.float32, (num_baselines,)) if num_baselines else None)
 
 
 def shardings_of(tree):
@@ -103,7 +107,8 @@ def shardings_of(tree):
 def init_state(optimizer: optax.GradientTransformation, policy_params, value_params, seed: int,
                layout: TrainState) -> TrainState:
   """A fresh state in `layout` (`abstract_state`): the parameters as they are placed, the
-  optimizer states created in the shardings of their parameters, the key replicated."""
+  optimizer states created in the shardings of their parameters, the key replicated, the
+  baselines (if any) zero."""
   shardings = shardings_of(layout)
   init = lambda params, out: None if params is None else jax.jit(
       optimizer.init, out_shardings=out)(params)
@@ -111,4 +116,6 @@ def init_state(optimizer: optax.GradientTransformation, policy_params, value_par
       step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step),
       policy_params=policy_params, policy_opt=init(policy_params, shardings.policy_opt),
       value_params=value_params, value_opt=init(value_params, shardings.value_opt),
-      rng=jax.device_put(jax.random.PRNGKey(seed), shardings.rng))
+      rng=jax.device_put(jax.random.PRNGKey(seed), shardings.rng),
+      baselines=None if layout.baselines is None else jax.device_put(
+          jnp.zeros(layout.baselines.shape, jnp.float32), shardings.baselines))

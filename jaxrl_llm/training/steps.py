@@ -4,7 +4,8 @@ A training batch is a dict of arrays, B rows (prompt-major, G rows per prompt):
   tokens [B, S0 + N], attention_mask [B, S0 + N]: prompt (left-padded) + completion;
   loss_mask [B, N]: completion tokens that carry loss;
   old_logp [B, N] (absent: the step's own log-probs, stop-gradient), advantages [B, N]
-  (or [B]); ref_logp [B, N] when the KL is in the loss;
+  (or [B]); ref_logp [B, N] when the KL is in the loss; teacher_logp [B, N] with a
+  distillation term;
   old_values [B, N], returns [B, N] for the value step.
 Which keys exist is decided by `config.algo`, once, in the loop; the steps never look
 at an algorithm's name.
@@ -159,7 +160,7 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
     old_logp = piece.get("old_logp", jax.lax.stop_gradient(logp))  # absent: see loop._prepare
     return objectives.policy_loss(logp, old_logp, piece["advantages"], piece["loss_mask"],
                                   algo, ref_logp=piece.get("ref_logp"), entropy=entropy,
-                                  counts=counts)
+                                  teacher_logp=piece.get("teacher_logp"), counts=counts)
 
   loss, metrics, grads = accumulate(loss_fn, state.policy_params, batch, num_micro)
   params, policy_opt, update_metrics = _apply_unless_nonfinite(

@@ -260,5 +260,31 @@ class TokenLevelTest(parameterized.TestCase):
     chex.assert_trees_all_close(jax.grad(f)(jnp.array([[1.0, 0, 2, 0]])), jnp.zeros((1, 4)))
 
 
+class RaeTest(absltest.TestCase):
+  """SPIRAL's role-conditioned baselines: each row against its key's baseline before its own
+  reward updates it, b <- 0.95 b + 0.05 r."""
+
+  def test_order_and_keys(self):
+    rewards = jnp.array([1.0, 0.0, 1.0, 1.0])
+    keys = jnp.array([0, 0, 1, 0])
+    seen, after = objectives.rae_baselines(rewards, keys, jnp.array([0.0, 0.5]), 0.95)
+    # key 0: 0 -> (scores row 0 against 0) 0.05 -> (row 1 against 0.05) 0.0475 -> (row 3) 0.095125
+    # key 1: 0.5 -> (row 2 against 0.5) 0.525
+    np.testing.assert_allclose(seen, [0.0, 0.05, 0.5, 0.0475], rtol=1e-6)
+    np.testing.assert_allclose(after, [0.0475 * 0.95 + 0.05, 0.525], rtol=1e-6)
+
+  def test_advantage_is_reward_minus_the_seen_baseline(self):
+    cfg = schema.algo_config(schema.sampling_config())
+    cfg.advantage.estimator = "rae"
+    cfg.kl.placement = "none"
+    rewards = jnp.array([[1.0, 0.0, 1.0]])  # any group size, one group here
+    seen, _ = objectives.rae_baselines(rewards.reshape(-1), jnp.zeros(3, jnp.int32),
+                                       jnp.zeros(1), 0.95)
+    adv, _ = objectives.token_advantages(rewards, jnp.ones((3, 2)), cfg, baselines_B=seen)
+    np.testing.assert_allclose(adv[:, 0], [1.0, -0.05, 1.0 - 0.0475], rtol=1e-6)
+    with self.assertRaisesRegex(ValueError, "baselines_B"):
+      objectives.token_advantages(rewards, jnp.ones((3, 2)), cfg)
+
+
 if __name__ == "__main__":
   absltest.main()

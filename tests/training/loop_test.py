@@ -14,8 +14,10 @@ from configs import smoke
 from jaxrl_llm import paths, training
 from jaxrl_llm.training import metrics as metrics_lib
 
-PRESETS = ("ppo", "grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "cispo", "gmpo",
-           "sapo", "max_rl", "sft")
+# ppo, grpo, gspo, dapo and sft run in unchanged_metrics_test.py, every metric checked against
+# a record; opd (a teacher) in distillation_test.py.
+PRESETS = ("dr_grpo", "rloo", "reinforce_pp", "cispo", "gmpo", "sapo", "max_rl", "ipo",
+           "dppo_tv")
 # Wall-clock and throughput fields differ run to run; everything else must not.
 TIMING = ("step_time_s", "sample_time_s", "reward_time_s", "logprob_time_s", "update_time_s",
           "sample_tokens_per_s", "train_tokens_per_s", "mfu", "update_mfu")

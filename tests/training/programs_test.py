@@ -44,8 +44,8 @@ class ShardingTest(absltest.TestCase):
     setup = training.set_up(config, training.make_plan(config))
     m, programs = setup.models, setup.programs
     arrays = prepare.batch_arrays(_rollout(config), config.sampling.num_samples, False)
-    batch, _ = programs.prepare(prepare.place_batch(arrays, m.mesh, m.rules), m.policy,
-                                m.reference, m.value)
+    batch, _, _ = programs.prepare(prepare.place_batch(arrays, m.mesh, m.rules), m.policy,
+                                   m.reference, m.value, m.teacher, None)
     for name, x in batch.items():
       self.assertEqual(x.sharding.spec, ROWS, name)
     idx = np.random.RandomState(1).permutation(32)[:programs.minibatch_rows]

@@ -94,8 +94,8 @@ class LayoutTest(parameterized.TestCase):
         lambda x, s: x.sharding.is_equivalent_to(s, x.ndim), state, want))
     self.assertTrue(all(same(state)))
     arrays = prepare.batch_arrays(_rollout(config), config.sampling.num_samples, False)
-    batch, _ = programs.prepare(prepare.place_batch(arrays, m.mesh, m.rules), m.policy,
-                                m.reference, m.value)
+    batch, _, _ = programs.prepare(prepare.place_batch(arrays, m.mesh, m.rules), m.policy,
+                                   m.reference, m.value, m.teacher, None)
     state, _ = programs.update(state, batch, np.random.default_rng(0))
     self.assertTrue(all(same(state)))
     self.assertEqual(oversized(state, 8), [])
