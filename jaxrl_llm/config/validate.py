@@ -259,10 +259,7 @@ def _check_model(m) -> None:
   for name in ("dtype", "param_dtype"):
     _one_of(f"model.{name}", m[name], model_config.DTYPES)
   if m.path:
-    try:
-      model_config.from_hf_dict(model_load.check_model_dir(m.path))
-    except (OSError, ValueError) as e:
-      raise ConfigError(f"config.model.path={m.path!r}: {e}") from e
+    _check_model_dir("model.path", m.path)
   if m.tokenizer_path and not paths.isdir(m.tokenizer_path):
     raise ConfigError(f"config.model.tokenizer_path={m.tokenizer_path!r} is not a directory: "
                       "expected a tokenizer directory, local or gs:// ('' = model.path)")
@@ -286,10 +283,15 @@ def _check_teacher(config) -> None:
     raise ConfigError(f"{readers[0]} distils on the policy's own samples: expected "
                       f"data.completions = 'sample', got {config.data.completions!r}")
   if path:
-    try:
-      model_config.from_hf_dict(model_load.check_model_dir(path))
-    except (OSError, ValueError) as e:
-      raise ConfigError(f"config.teacher.path={path!r}: {e}") from e
+    _check_model_dir("teacher.path", path)
+
+
+def _check_model_dir(field: str, path: str) -> None:
+  """A Hugging Face model directory (config.json and weights) whose architecture we read."""
+  try:
+    model_config.from_hf_dict(model_load.check_model_dir(path))
+  except (OSError, ValueError) as e:
+    raise ConfigError(f"config.{field}={path!r}: {e}") from e
 
 
 # --- workdir --------------------------------------------------------------------------------------

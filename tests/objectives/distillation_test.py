@@ -148,6 +148,26 @@ class ReverseKlLossTest(absltest.TestCase):
     np.testing.assert_allclose(jax.grad(sampled_estimate)(z), jax.grad(reverse_kl)(z),
                                rtol=1e-5, atol=1e-7)
 
+  def test_bfloat16_inputs_give_the_float32_loss(self):
+    # Real models hand over bf16 log-probs; the term is computed in float32 from them, so
+    # bf16 inputs give the float32 result on the bf16-rounded values.
+    key = jax.random.PRNGKey(0)
+    logp = -jax.random.uniform(key, (4, 6), minval=0.05, maxval=3.0)
+    old = logp + 0.05 * jax.random.normal(jax.random.fold_in(key, 1), (4, 6))
+    teacher = logp - jax.random.uniform(jax.random.fold_in(key, 2), (4, 6))
+    mask = jnp.ones((4, 6))
+    cfg = algo("clip")
+    cfg.loss.pg_coef, cfg.distill.coef = 0.0, 1.0
+    run = lambda dtype: objectives.policy_loss(
+        logp.astype(dtype), old.astype(dtype), jnp.zeros((4,)), mask, cfg,
+        teacher_logp=teacher.astype(dtype))[0]
+    rounded = lambda x: x.astype(jnp.bfloat16).astype(jnp.float32)
+    want = objectives.policy_loss(rounded(logp), rounded(old), jnp.zeros((4,)), mask, cfg,
+                                  teacher_logp=rounded(teacher))[0]
+    self.assertEqual(run(jnp.bfloat16).dtype, jnp.float32)
+    np.testing.assert_allclose(run(jnp.bfloat16), want, rtol=1e-6)
+    np.testing.assert_allclose(run(jnp.float32), want, rtol=2e-2)  # bf16: 8-bit mantissa
+
   def test_teacher_is_required(self):
     cfg = algo("clip")
     cfg.distill.coef = 1.0
