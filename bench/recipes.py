@@ -35,8 +35,10 @@ def run(preset: str, steps: int, workdir: str, eval_every: int) -> dict:
   if proc.returncode:
     raise RuntimeError(f"{preset} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
   rows = plots.read_metrics(os.path.join(workdir, "metrics.jsonl"))
-  accuracy = "eval/reward/arithmetic_exact"  # the task's exact-match reward
-  evals = {r["step"]: r[accuracy] for r in rows if accuracy in r}
+  # The task's exact-match reward (a mixed preset's sources share the task: the first's).
+  accuracy = lambda r: next((v for k, v in sorted(r.items()) if k.startswith("eval/")
+                             and k.endswith("reward/arithmetic_exact")), None)
+  evals = {r["step"]: accuracy(r) for r in rows if accuracy(r) is not None}
   rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
   return dict(evals=evals, reward=sum(rewards[-10:]) / len(rewards[-10:]), wall=wall)
 

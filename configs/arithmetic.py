@@ -3,7 +3,7 @@
 The presets (grpo.py, ppo.py, ...) default to a tiny random model, for smoke runs. This
 file puts one of them on `make demo`'s setting, where learning shows within minutes:
 the shipped warm start (`jaxrl_llm/assets/arithmetic_sft`, a small Llama that imitated
-a teacher who forgets carries; a distillation preset's teacher is
+a teacher who forgets carries; a distillation preset's teacher (opd, mixed) is
 `jaxrl_llm/assets/arithmetic_grpo`, that model after `make demo`'s 200 GRPO steps), `a+b=` / `a-b=` problems, exact-match reward plus 0.1
 for the format, 512 sampled rows per step (P = 512 / G, each preset keeping its own G),
 AdamW lr 1e-4, held-out greedy accuracy on 256 problems every 20 steps. Only the
@@ -25,7 +25,7 @@ from jaxrl_llm import config as config_lib
 
 # The RL presets this file accepts (sft is supervised: see sft_arithmetic.py).
 PRESETS = ("grpo", "dr_grpo", "dapo", "gspo", "gmpo", "cispo", "sapo", "rloo", "reinforce_pp",
-           "max_rl", "ipo", "dppo_tv", "ppo", "opd")
+           "max_rl", "ipo", "dppo_tv", "ppo", "opd", "mixed")
 ROWS_PER_STEP = 512  # B = P * G sampled completions per step
 # The demo's task: two operands in [0, 30], + or -; answers from -30 to 60.
 TASK_OPTIONS = dict(min_operands=2, max_operands=2, max_value=30, operators="+-", num_eval=256)
@@ -39,8 +39,12 @@ def apply(config, steps: int, runlocal: bool = False):
   config.model.path = assets.path("arithmetic_sft")
   if config.teacher.path == config_lib.REQUIRED:  # a distillation preset (opd)
     config.teacher.path = assets.path("arithmetic_grpo")
-  config.data.source = "task:arithmetic"
-  config.data.task_options = TASK_OPTIONS
+  if len(config.sources):  # a mixed preset: every source on the task
+    for source in config.sources.values():
+      source.data, source.task_options = "task:arithmetic", TASK_OPTIONS
+  else:
+    config.data.source = "task:arithmetic"
+    config.data.task_options = TASK_OPTIONS
   config.sampling.max_new_tokens = 4  # the longest answer, '-30', plus EOS
   config.sampling.max_prompt_len = 8  # the longest prompt, '30-30=', is 6 characters
   config.sampling.prompt_buckets = (8,)

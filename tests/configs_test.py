@@ -52,6 +52,11 @@ PRESET_TABLE = {
                     trust_region="dppo_tv", prob=(0.2, 0.2), kl_coef=0.0),
     "opd": dict(estimator="grpo", aggregation="token_mean", ratio="token", trust_region="clip",
                 kl_coef=0.0, pg_coef=0.0, distill_coef=1.0),
+    "opsd": dict(estimator="grpo", aggregation="token_mean", ratio="token", trust_region="clip",
+                 kl_coef=0.0, pg_coef=0.0, distill_coef=1.0),
+    # The run-level axes of the mixed preset; its sources carry GRPO's and opd's per-row ones.
+    "mixed": dict(estimator="grpo", aggregation="seq_mean_token_mean", ratio="token",
+                  trust_region="clip", clip=(0.2, 0.2), kl_coef=0.0),
     "sft": dict(estimator="constant", aggregation="token_mean", ratio="none",
                 trust_region="none", kl_coef=0.0),
 }
@@ -131,7 +136,8 @@ class ConfigFilesTest(parameterized.TestCase):
 
   def test_arithmetic_puts_every_rl_preset_on_the_demo_task(self):
     from configs import arithmetic, grpo_arithmetic  # pylint: disable=g-import-not-at-top
-    self.assertEqual(set(arithmetic.PRESETS), set(PRESET_TABLE) - {"sft"})
+    # sft is supervised; opsd needs a demonstration in each record, which the task lacks.
+    self.assertEqual(set(arithmetic.PRESETS), set(PRESET_TABLE) - {"sft", "opsd"})
     for name in arithmetic.PRESETS:
       for arg in (f"preset={name}", f"preset={name},runlocal"):
         config = arithmetic.get_config(arg)

@@ -15,11 +15,12 @@ files by name or path (`preset`) and gives them one skeleton (`make_preset`).
 from jaxrl_llm.config.algo_checks import validate_algo
 from jaxrl_llm.config.presets import load as preset
 from jaxrl_llm.config.presets import make_preset, parse_arg, ref, set_fields
-from jaxrl_llm.config.schema import REQUIRED, ConfigDict, base_config, finalize, shrink_for_local
+from jaxrl_llm.config.schema import (REQUIRED, ConfigDict, base_config, finalize,
+                                     shrink_for_local, source_config)
 from jaxrl_llm.config.errors import ConfigError
 from jaxrl_llm.config.inputs import check_inputs
 from jaxrl_llm.config.validate import check_known_keys, check_writable, unknown_key, validate
 
 __all__ = ["REQUIRED", "ConfigDict", "ConfigError", "base_config", "check_inputs", "check_known_keys",
            "check_writable", "finalize", "make_preset", "parse_arg", "preset", "ref",
-           "set_fields", "shrink_for_local", "unknown_key", "validate", "validate_algo"]
+           "set_fields", "shrink_for_local", "source_config", "unknown_key", "validate", "validate_algo"]

@@ -115,6 +115,7 @@ def _check_rest(cfg, errors: list[str]) -> None:
   if cfg.tis_cap < 0:
     errors.append(f"algo.tis_cap = {cfg.tis_cap} must be >= 0 (0 = off).")
   _check_off_policy(cfg, errors)
+  _check_distill(cfg, errors)
   if cfg.dynamic_sampling.enabled and cfg.dynamic_sampling.max_rounds < 1:
     errors.append(f"algo.dynamic_sampling.max_rounds = {cfg.dynamic_sampling.max_rounds} "
                   "must be >= 1.")
@@ -122,6 +123,25 @@ def _check_rest(cfg, errors: list[str]) -> None:
   if ol.enabled and not 0 <= ol.cache_len < ol.max_len:
     errors.append(f"algo.overlong: need 0 <= cache_len < max_len, got cache_len = "
                   f"{ol.cache_len}, max_len = {ol.max_len}.")
+
+
+DISTILL_TEACHERS = ("model", "self")
+
+
+def _check_distill(cfg, errors: list[str]) -> None:
+  d = cfg.distill
+  _one_of(errors, "algo.distill.teacher", d.teacher, DISTILL_TEACHERS)
+  for name in ("coef", "shaping_coef", "log_ratio_coef"):
+    if d[name] < 0:
+      errors.append(f"algo.distill.{name} = {d[name]} must be >= 0.")
+  if d.teacher == "self":
+    if "{demonstration}" not in d.hint_template:
+      errors.append(f"algo.distill.hint_template = {d.hint_template!r} must contain "
+                    "'{demonstration}' (where the record's hint_field goes).")
+    if not d.hint_field:
+      errors.append("algo.distill.hint_field = '' must name the record field of the hint.")
+    if d.max_hint_len < 1:
+      errors.append(f"algo.distill.max_hint_len = {d.max_hint_len} must be >= 1.")
 
 
 def _check_off_policy(cfg, errors: list[str]) -> None:

@@ -11,6 +11,7 @@ the final word: a later record that breaks a rule still stops the run when it is
 from __future__ import annotations
 
 from jaxrl_llm import data
+from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.config.errors import ConfigError
 
 PROMPTS_CHECKED = 256  # per split: enough to meet a template or length problem early
@@ -18,21 +19,32 @@ PROMPTS_CHECKED = 256  # per split: enough to meet a template or length problem 
 
 def check_inputs(config) -> None:
   """Raises `ConfigError` for data the run could not train on (see the module docstring)."""
-  d = config.data
   splits = ["train"] + (["eval"] if config.train.eval_every > 0 else [])
   try:
     tokenizer = data.run_tokenizer(config.model)
-    for split in splits:
-      load = (data.load_demonstrations if d.completions == "dataset" and split == "train"
-              else data.load_dataset)
-      records = load(d, split, task_options=d.task_options)
-      first = [records[i] for i in range(min(len(records), PROMPTS_CHECKED))]
-      for i, record in enumerate(first):
-        if not isinstance(record.get("prompt"), str):
-          raise ValueError(f"config.data.source={d.source!r} (split {split!r}): record {i} has "
-                           f"no string 'prompt' field (fields: {sorted(record)})")
-      data.tokenize_prompts(tokenizer, [r["prompt"] for r in first], d,
-                            config.sampling.prompt_buckets, indices=list(range(len(first))))
+    for source in sources_lib.run_sources(config):
+      d = config.data if not source.name else sources_lib.data_config(config, source)
+      field = "config.data.source" if not source.name else f"config.sources.{source.name}.data"
+      for split in splits:
+        load = (data.load_demonstrations if d.completions == "dataset" and split == "train"
+                else data.load_dataset)
+        records = load(d, split, task_options=d.task_options)
+        first = [records[i] for i in range(min(len(records), PROMPTS_CHECKED))]
+        for i, record in enumerate(first):
+          if not isinstance(record.get("prompt"), str):
+            raise ValueError(f"{field}={d.source!r} (split {split!r}): record {i} has "
+                             f"no string 'prompt' field (fields: {sorted(record)})")
+        tok = data.tokenize_prompts(tokenizer, [r["prompt"] for r in first], d,
+                                    config.sampling.prompt_buckets,
+                                    indices=list(range(len(first))))
+        hint = source.algo.distill
+        if split == "train" and hint.teacher == "self" and (hint.coef or hint.shaping_coef):
+          try:
+            data.hinted_prompts(tokenizer, first, tok.token_lists,
+                                [data.Hint(hint.hint_field, hint.hint_template)] * len(first),
+                                tok.tokens.shape[1], hint.max_hint_len, 0)
+          except ValueError as e:
+            raise ValueError(f"{field}={d.source!r} (split 'train'): {e}") from e
     check_teacher_tokenizer(config, tokenizer)
   except (ValueError, OSError, ImportError) as e:
     raise ConfigError("; ".join(str(e).splitlines())) from e

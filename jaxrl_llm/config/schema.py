@@ -15,6 +15,9 @@ ConfigDict = ml_collections.ConfigDict
 # A preset sets a field to this when only the user can fill it (a model or data path);
 # `validate` refuses the config until the field is set.
 REQUIRED = "<required>"
+# prime-rl's opsd hint (`OPSDAlgoConfig.template`), a system message before the prompt.
+HINT_TEMPLATE = ("Here is an example of an expert response:\n<demonstration>\n{demonstration}\n"
+                 "</demonstration>")
 
 
 def model_config() -> ConfigDict:
@@ -129,7 +132,12 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
       # prime-rl's opd loss term (token mean of -m*sg(log pT - log p)*rho + log_ratio_coef*
       # (log rho)^2, m = 0 where p - mu < -mask_low); shaping_coef is miles' advantage shaping
       # A - shaping_coef*(old_logp - teacher_logp). Both 0: no teacher is read.
-      "distill": {"coef": 0.0, "mask_low": 0.2, "log_ratio_coef": 1e-3, "shaping_coef": 0.0},
+      # teacher: 'model' (config.teacher) or 'self' (prime-rl's opsd: the live policy scores
+      # each completion after a hint, a system message of hint_template holding the record's
+      # hint_field; the hint's tokens, at most max_hint_len, are sliced off).
+      "distill": {"coef": 0.0, "mask_low": 0.2, "log_ratio_coef": 1e-3, "shaping_coef": 0.0,
+                  "teacher": "model", "hint_field": "demonstration",
+                  "hint_template": HINT_TEMPLATE, "max_hint_len": 128},
       "value": {
           "coef": 0.0,  # > 0 only with a value model (gae)
           "value_clip": 0.2,
@@ -220,6 +228,26 @@ def rewards_config() -> ConfigDict:
   })
 
 
+def source_config(data: str = "task:arithmetic", weight: float = 1.0) -> ConfigDict:
+  """One training source of `config.sources` (`jaxrl_llm/config/sources.py`): its prompts,
+  its share of each step, its rewards and its per-row algorithm settings."""
+  algo = algo_config(sampling_config())
+  return ConfigDict({
+      "data": data,  # a spec as data.source takes: task:NAME | jsonl:PATH | tfds:NAME
+      "task_options": {},  # keyword arguments of a task: source
+      "weight": weight,  # its share of each step's prompts (weights are normalised), >= 0
+      "rewards": rewards_config(),
+      # The per-row algorithm axes: these replace config.algo's for this source's rows.
+      # The loss and trust region, the KL and the rest of config.algo stay one per run.
+      "algo": {
+          "advantage": algo.advantage.to_dict(),
+          "loss": {"pg_coef": 1.0},
+          "distill": {"coef": 0.0, "shaping_coef": 0.0, "teacher": "model",
+                      "hint_field": "demonstration", "hint_template": HINT_TEMPLATE},
+      },
+  })
+
+
 def checkpoint_config() -> ConfigDict:
   """orbax checkpoints in WORKDIR/checkpoints (a workdir holding one resumes from it)."""
   return ConfigDict({
@@ -247,6 +275,9 @@ def base_config() -> ConfigDict:
   config.train = train_config()
   config.data = data_config(config.sampling)
   config.rewards = rewards_config()
+  # Mixed sources: NAME -> source_config(), in name order; empty = one source, config.data and
+  # config.rewards
+  config.sources = ConfigDict()
   config.checkpoint = checkpoint_config()
   config.logging = logging_config()
   return config

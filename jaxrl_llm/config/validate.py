@@ -18,6 +18,7 @@ from jaxrl_llm import paths, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.config import algo_checks, inputs, schema
 from jaxrl_llm.config.errors import ConfigError
+from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.data import char_tokenizer, prompts, sources
 from jaxrl_llm.models import config as model_config
 from jaxrl_llm.models import load as model_load
@@ -49,6 +50,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_checkpoint(config.checkpoint)
     _check_batch_shards(config, devices)
     _check_model(config.model)
+    _check_sources(config)
     _check_teacher(config)
     RewardSet.from_config(config.rewards)  # resolves the functions, checks the weights
     if workdir is not None:
@@ -97,6 +99,9 @@ def unknown_key(path: str, schema_config=None) -> str | None:
   """
   node, prefix = schema_config or schema.base_config(), "config"
   for key in path.split("."):
+    if prefix == "config.sources":  # a source named by a preset: its keys are source_config's
+      node, prefix = schema.source_config(), f"{prefix}.{key}"
+      continue
     if not _is_group(node) or not len(node):
       return None
     if key not in node:
@@ -114,7 +119,13 @@ def _unknown_key_message(key: str, group, prefix: str) -> str:
 def _compare_keys(config, group, prefix: str, errors: list[str]) -> None:
   for key in config.keys():
     name = f"{prefix}.{key}"
-    if key not in group:
+    if prefix == "config.sources":  # each source has the keys of schema.source_config()
+      if _is_group(config[key]):
+        _compare_keys(config[key], schema.source_config(), name, errors)
+      else:
+        errors.append(f"{name}={config[key]!r}: expected a group like "
+                      "jaxrl_llm.config.schema.source_config()")
+    elif key not in group:
       errors.append(_unknown_key_message(key, group, prefix))
     elif _is_group(group[key]) and len(group[key]):
       if _is_group(config[key]):
@@ -270,15 +281,45 @@ def _check_model(m) -> None:
                       "or set config.model.tokenizer_path")
 
 
+def _check_sources(config) -> None:
+  """`config.sources`: the run-level fields they replace left alone, each source's data,
+  rewards and per-row algorithm valid (errors name `config.sources.NAME....`)."""
+  errors = sources_lib.check_sources(config)
+  if errors:
+    raise ConfigError("; ".join(errors))
+  for name, source in config.sources.items():
+    field = f"sources.{name}"
+    try:
+      sources.parse_source(source.data)
+      RewardSet.from_config(source.rewards)
+      algo_checks.validate_algo(sources_lib.source_algo(config, name),
+                                config.sampling.num_samples)
+    except ValueError as e:
+      message = str(e).replace("config.data.source", f"config.{field}.data")
+      message = message.replace(" algo.advantage.", f" {field}.algo.advantage.")
+      raise ConfigError(f"config.{field}: {'; '.join(message.splitlines())}") from e
+
+
+def _distill_readers(config) -> list[str]:
+  """The per-row settings that read config.teacher: `algo.distill` or each source's
+  (a 'self' teacher, opsd, is the policy)."""
+  groups = ([("algo.distill", config.algo.distill)] if not sources_lib.is_mixed(config) else
+            [(f"sources.{n}.algo.distill", s.algo.distill) for n, s in config.sources.items()])
+  return [f"{prefix}.{k} = {d[k]}" for prefix, d in groups for k in ("coef", "shaping_coef")
+          if d[k] != 0 and d.teacher == "model"]
+
+
 def _check_teacher(config) -> None:
-  d, path = config.algo.distill, config.teacher.path
-  readers = [f"algo.distill.{k} = {d[k]}" for k in ("coef", "shaping_coef") if d[k] != 0]
+  path = config.teacher.path
+  readers = _distill_readers(config)
   if readers and not path:
     raise ConfigError(f"{' and '.join(readers)} distil from a teacher, but config.teacher.path "
                       "is '': expected a Hugging Face checkpoint directory (local or gs://)")
   if path and not readers:
     raise ConfigError(f"config.teacher.path={path!r} is set but nothing reads it: expected "
-                      "algo.distill.coef > 0 or algo.distill.shaping_coef > 0 (or teacher.path '')")
+                      "algo.distill.coef > 0 or algo.distill.shaping_coef > 0 with "
+                      "algo.distill.teacher 'model' (per source with config.sources; or "
+                      "teacher.path '')")
   if readers and config.data.completions != "sample":
     raise ConfigError(f"{readers[0]} distils on the policy's own samples: expected "
                       f"data.completions = 'sample', got {config.data.completions!r}")

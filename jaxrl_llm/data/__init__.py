@@ -12,7 +12,8 @@
     # the G completions per prompt; a checkpoint stores batch.position + 1.
 
 Modules: `sources` (`task:` / `jsonl:` / `tfds:` -> dataset), `jsonl`,
-`tfds_source`, `batching` (order, resumption, per-process slices), `prompts`
+`tfds_source`, `batching` (order, resumption, per-process slices), `mixing` (several
+sources in each batch), `hints` (self-distillation's hinted prompts), `prompts`
 (template, encode, overflow, bucket padding), `char_tokenizer` (the demo's
 printable-ASCII tokenizer).
 """
@@ -20,6 +21,10 @@ from jaxrl_llm.data.batching import RecordBatch
 from jaxrl_llm.data.batching import batch_indices
 from jaxrl_llm.data.batching import prompt_batches
 from jaxrl_llm.data.batching import sequential_batches
+from jaxrl_llm.data.hints import Hint
+from jaxrl_llm.data.hints import hinted_prompts
+from jaxrl_llm.data.mixing import mix_counts
+from jaxrl_llm.data.mixing import mixed_batches
 from jaxrl_llm.data.prompts import TokenizedPrompts
 from jaxrl_llm.data.prompts import encode_prompts
 from jaxrl_llm.data.prompts import load_tokenizer

@@ -29,11 +29,24 @@ class RecordBatch:
     indices: int64 [b], the dataset indices of `records`.
     records: the b records (b = batch_size / process_count).
     valid: bool [b]; False marks padding (only in `sequential_batches`).
+    sources: int32 [b], each record's source in a mixed run (`data.mixing`), else None.
+    source_positions: a mixed run's items taken from each source after this batch
+      (what a checkpoint stores), else None.
   """
   position: int
   indices: np.ndarray
   records: list[dict]
   valid: np.ndarray
+  sources: np.ndarray | None = None
+  source_positions: dict[str, int] | None = None
+
+  def subset(self, keep: np.ndarray) -> "RecordBatch":
+    """The records where `keep` (bool [b]) is True, as a batch of their own."""
+    rows = np.flatnonzero(keep)
+    pick = lambda a: None if a is None else a[rows]
+    return dataclasses.replace(self, indices=self.indices[rows],
+                               records=[self.records[i] for i in rows], valid=self.valid[rows],
+                               sources=pick(self.sources))
 
   @property
   def prompts(self) -> list[str]:
@@ -54,12 +67,13 @@ class RecordBatch:
 
 
 @functools.lru_cache(maxsize=4)
-def _permutation(num_records: int, seed: int, epoch: int) -> np.ndarray:
-  rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch])))
+def _permutation(num_records: int, seed: int | tuple[int, ...], epoch: int) -> np.ndarray:
+  entropy = [*seed, epoch] if isinstance(seed, tuple) else [seed, epoch]
+  rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
   return rng.permutation(num_records)
 
 
-def _check(batch_size: int, process_index: int, process_count: int) -> int:
+def process_share(batch_size: int, process_index: int, process_count: int) -> int:
   """Validates the split of a global batch; returns the per-process size."""
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
@@ -87,13 +101,20 @@ def batch_indices(num_records: int, batch_size: int, position: int, *, seed: int
   Returns:
     int64 [batch_size / process_count].
   """
-  local = _check(batch_size, process_index, process_count)
+  local = process_share(batch_size, process_index, process_count)
   if num_records < 1:
     raise ValueError("Cannot batch an empty dataset.")
   if position < 0:
     raise ValueError(f"position must be >= 0, got {position}.")
   start = position * batch_size + process_index * local
-  stream = np.arange(start, start + local, dtype=np.int64)  # [b] stream items
+  return stream_indices(num_records, np.arange(start, start + local, dtype=np.int64), seed=seed,
+                        epoch_shuffle=epoch_shuffle)
+
+
+def stream_indices(num_records: int, stream: np.ndarray, *, seed: int | tuple[int, ...],
+                   epoch_shuffle: bool = True) -> np.ndarray:
+  """Dataset indices of the items `stream` (int64) of the endless record stream: item `i`
+  is record `permutation(seed, i // num_records)[i % num_records]`."""
   epochs, offsets = np.divmod(stream, num_records)
   if not epoch_shuffle:
     return offsets
@@ -120,7 +141,7 @@ def prompt_batches(dataset: Sequence[dict], batch_size: int, *, seed: int,
   Yields:
     `RecordBatch`es with positions start, start + 1, ...
   """
-  _check(batch_size, process_index, process_count)
+  process_share(batch_size, process_index, process_count)
   position = start
   while True:
     indices = batch_indices(len(dataset), batch_size, position, seed=seed,
@@ -139,7 +160,7 @@ def sequential_batches(dataset: Sequence[dict], batch_size: int, *, process_inde
   Padding repeats record 0 and is marked `valid=False`, so every process sees
   the same shapes and the same number of batches.
   """
-  local = _check(batch_size, process_index, process_count)
+  local = process_share(batch_size, process_index, process_count)
   for position in range(-(-len(dataset) // batch_size)):
     start = position * batch_size + process_index * local
     stream = np.arange(start, start + local, dtype=np.int64)

@@ -31,6 +31,7 @@ from jaxrl_llm.objectives.advantages import token_advantages
 from jaxrl_llm.objectives.advantages import zero_variance_group_frac
 from jaxrl_llm.objectives.aggregation import AGGREGATIONS
 from jaxrl_llm.objectives.aggregation import batch_counts
+from jaxrl_llm.objectives.aggregation import loss_counts
 from jaxrl_llm.objectives.distillation import reverse_kl
 from jaxrl_llm.objectives.distillation import reverse_kl_loss
 from jaxrl_llm.objectives.distillation import shaped_advantages as distill_shaped_advantages

@@ -20,6 +20,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_llm import import_path
 from jaxrl_llm.objectives import kl as kl_lib
@@ -162,16 +163,21 @@ def rae_baselines(rewards_B: Array, keys_B: Array, baselines_K: Array,
     rewards_B: `[B]` rewards, in row order.
     keys_B: `[B]` int32 index of each row's baseline (its source, later its agent).
     baselines_K: `[K]` float32 baselines before this batch (zeros at the start of a run).
-    decay: the EMA's decay (0.95 in SPIRAL and prime-rl).
+    decay: the EMA's decay (0.95 in SPIRAL and prime-rl), or `[K]`, one per key.
 
   Returns:
     `(seen_B, baselines_K)`: the baseline each row was scored against, and the baselines
     after the batch (to carry to the next step).
   """
+  if not isinstance(decay, jax.Array):  # host numbers: 1 - decay rounds once, to float32
+    decay = np.asarray(decay, np.float64)
+  keep_K, gain_K = (jnp.broadcast_to(jnp.asarray(x, jnp.float32), baselines_K.shape)
+                    for x in (decay, 1.0 - decay))
+
   def score(baselines, row):
     reward, key = row
     seen = baselines[key]
-    return baselines.at[key].set(decay * seen + (1.0 - decay) * reward), seen
+    return baselines.at[key].set(keep_K[key] * seen + gain_K[key] * reward), seen
 
   rewards_B = jax.lax.stop_gradient(rewards_B.astype(jnp.float32))
   baselines_K, seen_B = jax.lax.scan(score, baselines_K.astype(jnp.float32),

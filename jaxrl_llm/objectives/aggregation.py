@@ -57,6 +57,23 @@ def batch_counts(mask_BT: Array) -> Counts:
           "sequences": jnp.sum((lengths_B > 0).astype(jnp.float32))}
 
 
+def rows_mask(mask_BT: Array, weight_B1: Array) -> Array:
+  """`mask_BT` on the rows whose weight is not 0: the tokens a weighted term trains on."""
+  return mask_BT * (weight_B1 != 0).astype(mask_BT.dtype)
+
+
+def loss_counts(mask_BT: Array, row_weights: dict[str, Array] | None = None) -> Counts:
+  """`batch_counts(mask_BT)`, plus, for each per-row weighted term of a mixed run
+  (`policy_loss`'s `row_weights`), the counts of its own rows under that term's name:
+  each term is normalised over the tokens it trains on (prime-rl's
+  `L = Σ ℓ_rl / N_rl + Σ ℓ_ce / N_ce + ...`)."""
+  counts = batch_counts(mask_BT)
+  for name, weight_B in (row_weights or {}).items():
+    counts[name] = batch_counts(rows_mask(mask_BT.astype(jnp.float32),
+                                          weight_B.astype(jnp.float32)[:, None]))
+  return counts
+
+
 def _divide(num: Array, den: Array) -> Array:
   """`num / den`, 0 when there is nothing to divide by."""
   return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)

@@ -26,7 +26,8 @@ sg = jax.lax.stop_gradient
 
 
 def reverse_kl_loss(logp: Array, old_logp: Array, teacher_logp: Array, mask: Array, cfg, *,
-                    counts: aggregation.Counts | None = None) -> tuple[Array, dict[str, Array]]:
+                    counts: aggregation.Counts | None = None,
+                    row_weight: Array | None = None) -> tuple[Array, dict[str, Array]]:
   """prime-rl's on-policy distillation loss, token mean over the valid tokens.
 
   Per token `ℓ_t = -m_t·sg(log π_T - log π)·ρ_t + c·(log ρ_t)²` with `ρ_t = exp(logp -
@@ -44,6 +45,7 @@ def reverse_kl_loss(logp: Array, old_logp: Array, teacher_logp: Array, mask: Arr
     mask: `[B, T]`, 1 on the tokens this term trains on.
     cfg: `config.algo` (reads `distill.mask_low`, `distill.log_ratio_coef`).
     counts: whole-minibatch `batch_counts(mask)`, as in `policy_loss`.
+    row_weight: `[B, 1]` each row's coefficient (a mixed run's sources), or None.
 
   Returns:
     `(loss, metrics)`: `distill_mask_frac`, the fraction of valid tokens masked.
@@ -59,6 +61,8 @@ def reverse_kl_loss(logp: Array, old_logp: Array, teacher_logp: Array, mask: Arr
   signal = sg(teacher_logp - logp)
   loss_BT = (-jnp.where(masked, 0.0, signal * jnp.exp(log_ratio))
              + cfg.distill.log_ratio_coef * jnp.square(log_ratio))
+  if row_weight is not None:
+    loss_BT = row_weight * loss_BT
   metrics = {"distill_mask_frac": aggregation.masked_token_mean(masked.astype(jnp.float32),
                                                                  mask, counts)}
   return aggregation.token_mean(loss_BT, mask, counts), metrics

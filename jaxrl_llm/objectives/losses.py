@@ -220,6 +220,7 @@ def policy_loss(
     entropy: Array | None = None,
     *,
     teacher_logp: Array | None = None,
+    row_weights: dict[str, Array] | None = None,
     counts: aggregation.Counts | None = None,
 ) -> tuple[Array, dict[str, Array]]:
   """The policy-gradient loss of any preset, as a loss to minimise.
@@ -242,8 +243,13 @@ def policy_loss(
     teacher_logp: `[B, T]` a teacher's log-probs of the sampled tokens: with
       `cfg.distill.coef > 0` the distillation term `distillation.reverse_kl_loss` is
       added, times that coefficient (`distill_loss`).
-    counts: `batch_counts(mask)` of the WHOLE minibatch when this call sees only a
-      piece of it (micro-batch or device shard); defaults to this call's own counts.
+    row_weights: a mixed run's per-row coefficients (`jaxrl_llm.config.sources`), `[B]`
+      each: `'pg'` replaces `cfg.loss.pg_coef` and `'distill'` `cfg.distill.coef`. As in
+      prime-rl, each term is then normalised over its own rows' tokens and sequences
+      (the rows whose coefficient is not 0): `L = Σ ℓ_pg / N_pg + Σ ℓ_distill / N_distill
+      + ...` (`aggregation.loss_counts`).
+    counts: `loss_counts(mask, row_weights)` of the WHOLE minibatch when this call sees
+      only a piece of it (micro-batch or device shard); defaults to this call's own counts.
 
   Returns:
     `(loss, metrics)`. `metrics` holds scalars: `pg_loss` (times `cfg.loss.pg_coef`;
@@ -266,7 +272,8 @@ def policy_loss(
   if adv.ndim == 1:
     adv = adv[:, None] * jnp.ones_like(mask)
   adv = jnp.where(valid, adv, 0.0)
-  counts = aggregation.batch_counts(mask) if counts is None else counts
+  row_weights = row_weights or {}
+  counts = aggregation.loss_counts(mask, row_weights) if counts is None else counts
   reduce = aggregation.get_reducer(loss_cfg)
 
   log_ratio = logp - old_logp
@@ -275,28 +282,41 @@ def policy_loss(
   if loss_cfg.ratio == "none" and loss_cfg.trust_region != "none":
     raise ValueError(f"Ratio 'none' needs trust_region 'none', got {loss_cfg.trust_region!r}.")
   metrics, flags = {"pg_loss": jnp.zeros((), jnp.float32)}, {}
-  if loss_cfg.pg_coef != 0:  # 0: a pure distillation run, no advantage is read
+  if loss_cfg.pg_coef != 0 or "pg" in row_weights:  # 0: pure distillation, no advantage read
     if loss_cfg.ratio == "none":
       pg_BT = -adv * logp
     else:
       pg_BT, flags = trust_region(ratio, adv, logp, log_ratio, mask, loss_cfg)
-    metrics["pg_loss"] = loss_cfg.pg_coef * reduce(pg_BT, mask, counts, loss_cfg)
+    if "pg" in row_weights:
+      weight_B1 = row_weights["pg"].astype(jnp.float32)[:, None]
+      metrics["pg_loss"] = reduce(weight_B1 * pg_BT, aggregation.rows_mask(mask, weight_B1),
+                                  counts["pg"], loss_cfg)
+    else:
+      metrics["pg_loss"] = loss_cfg.pg_coef * reduce(pg_BT, mask, counts, loss_cfg)
   metrics.update(_kl_and_entropy_terms(logp, ref_logp, entropy, valid, mask, counts, cfg, reduce))
-  metrics.update(_distillation_term(logp, old_logp, teacher_logp, mask, counts, cfg))
+  metrics.update(_distillation_term(logp, old_logp, teacher_logp, mask, counts, cfg,
+                                    row_weights.get("distill")))
   loss = sum(metrics[k] for k in ("pg_loss", "kl_loss", "entropy_loss", "distill_loss")
              if k in metrics)
   metrics.update(_ratio_diagnostics(log_ratio, ratio, flags, mask, counts))
   return loss, metrics
 
 
-def _distillation_term(logp, old_logp, teacher_logp, mask, counts, cfg) -> dict[str, Array]:
-  """`distill_loss` (`cfg.distill.coef` times `reverse_kl_loss`) and its mask fraction;
-  nothing when the term is off."""
-  if cfg.distill.coef == 0:
+def _distillation_term(logp, old_logp, teacher_logp, mask, counts, cfg,
+                       weight_B=None) -> dict[str, Array]:
+  """`distill_loss` (`cfg.distill.coef`, or each row's `weight_B`, times `reverse_kl_loss`)
+  and its mask fraction; nothing when the term is off."""
+  if cfg.distill.coef == 0 and weight_B is None:
     return {}
   if teacher_logp is None:
-    raise ValueError(f"algo.distill.coef = {cfg.distill.coef} needs the teacher's log-probs "
+    raise ValueError("a distillation term (algo.distill.coef > 0) needs the teacher's log-probs "
                      "(teacher_logp); got None.")
+  if weight_B is not None:
+    weight_B1 = weight_B.astype(jnp.float32)[:, None]
+    loss, metrics = distillation.reverse_kl_loss(
+        logp, old_logp, teacher_logp, aggregation.rows_mask(mask, weight_B1), cfg,
+        counts=counts["distill"], row_weight=weight_B1)
+    return dict(metrics, distill_loss=loss)
   loss, metrics = distillation.reverse_kl_loss(logp, old_logp, teacher_logp, mask, cfg,
                                                counts=counts)
   return dict(metrics, distill_loss=cfg.distill.coef * loss)

@@ -2,10 +2,14 @@
 
 `Evaluator` is what the trainer logs under `eval/`: `eval/reward_mean` (the weighted
 total) and `eval/reward/NAME` per reward function; the table it prints leads with the
-first function's (`headline_key`, e.g. exact-match accuracy). `greedy_samples` shows what
-it scores.
+first function's (`headline_key`, e.g. exact-match accuracy). A mixed run
+(`config.sources`) evaluates every source's eval split with its own functions, under
+`eval/SOURCE/reward_mean` and `eval/SOURCE/reward/NAME`, and its table leads with the first
+source's. `greedy_samples` shows what it scores.
 """
 from __future__ import annotations
+
+import json
 
 import jax
 import numpy as np
@@ -14,6 +18,7 @@ from jaxrl_llm import config as config_lib
 from jaxrl_llm import data, distributed, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.rewards import RewardSet
+from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.training import rollout as rollout_lib
 from jaxrl_llm.training import setup as setup_lib
 
@@ -21,11 +26,17 @@ from jaxrl_llm.training import setup as setup_lib
 class Evaluator:
   """Greedy completions of the whole eval split; reward means under `eval/`."""
 
-  def __init__(self, config, tokenizer, policy_config):
+  def __init__(self, config, tokenizer, policy_config, source=None):
+    """`source`: one of a mixed run's sources (`config.sources`), else `config.data`'s."""
     self.config, self.tokenizer = config, tokenizer
     eos, pad = rollout_lib.eos_ids(tokenizer, policy_config), rollout_lib.pad_id(tokenizer)
-    self.dataset = data.load_dataset(config.data, "eval", task_options=config.data.task_options)
-    self.reward_set = RewardSet.from_config(config.rewards)
+    data_cfg = config.data if source is None else sources_lib.data_config(config, source)
+    self.dataset = data.load_dataset(data_cfg, "eval", task_options=data_cfg.task_options)
+    self.reward_set = RewardSet.from_config(config.rewards if source is None else source.rewards)
+    self.prefix = "" if source is None else f"{source.name}/"
+    self.dataset_key = (data_cfg.source, data_cfg.task_options.to_dict(),
+                        tuple((config.rewards if source is None else source.rewards).to_dict()
+                              .items()))
     settings = rollout_lib.sampling_settings(config.sampling, eos, pad, greedy=True)
     self.sampler = sampling.Sampler(settings, config.sampling.prompt_buckets)
 
@@ -50,8 +61,8 @@ class Evaluator:
     # Sums over every process's valid records (padding records count for nothing).
     sums, count = distributed.concat(({k: np.concatenate(v) for k, v in values.items()},
                                       np.concatenate(valid)))
-    return {f"eval/reward/{k}" if k else "eval/reward_mean": float(v.sum() / count.sum())
-            for k, v in sums.items()}
+    return {f"eval/{self.prefix}reward/{k}" if k else f"eval/{self.prefix}reward_mean":
+            float(v.sum() / count.sum()) for k, v in sums.items()}
 
   def report(self, writer, step: int, policy, row: dict | None = None) -> dict[str, float]:
     """Evaluates `policy`, prints the table line of `step` (with `row`'s training
@@ -62,11 +73,36 @@ class Evaluator:
 
   def table_row(self, step: int, row: dict[str, float]) -> str:
     first = self.reward_set.names[0]
-    text = f"step {step:5d} | held-out {first} {row[f'eval/reward/{first}']:.3f}"
+    text = (f"step {step:5d} | held-out {self.prefix}{first} "
+            f"{row[f'eval/{self.prefix}reward/{first}']:.3f}")
     for key, name in (("reward_mean", "train reward"), ("loss", "loss")):
       if key in row:
         text += f" | {name} {row[key]:.3f}"
     return text
+
+
+class Evaluators:
+  """Every source's `Evaluator` (one without `config.sources`); the table leads with the
+  first's."""
+
+  def __init__(self, config, tokenizer, policy_config):
+    self.parts = ([Evaluator(config, tokenizer, policy_config)] if not len(config.sources) else
+                  [Evaluator(config, tokenizer, policy_config, s)
+                   for s in sources_lib.run_sources(config)])
+
+  def __call__(self, policy) -> dict[str, float]:
+    metrics, done = {}, {}
+    for part in self.parts:  # sources of the same eval data and rewards are evaluated once
+      key = json.dumps([part.dataset_key, part.reward_set.names], default=str)
+      if key not in done:
+        done[key] = {k[len(f"eval/{part.prefix}"):]: v for k, v in part(policy).items()}
+      metrics.update({f"eval/{part.prefix}{k}": v for k, v in done[key].items()})
+    return metrics
+
+  def report(self, writer, step: int, policy, row: dict | None = None) -> dict[str, float]:
+    metrics = self(policy)
+    writer.print(self.parts[0].table_row(step, {**(row or {}), **metrics}))
+    return metrics
 
 
 def headline_key(rewards_cfg) -> str:

@@ -10,12 +10,29 @@ import jax
 import numpy as np
 
 from jaxrl_llm import data, sampling
+from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.training import async_rollouts
 from jaxrl_llm.training import rollout as rollout_lib
 from jaxrl_llm.training.plan import Plan
 from jaxrl_llm.training.resume import Start
 from jaxrl_llm.training.setup import Setup
+
+
+def training_batches(config, plan: Plan, start: Start):
+  """This process's prompt batches from `start` on: `config.data`'s, or a mixed run's from
+  every source at once (`data.mixed_batches`)."""
+  where = dict(process_index=jax.process_index(), process_count=jax.process_count())
+  P, seed = config.train.prompts_per_step, config.data.shuffle_seed
+  if plan.mixed:
+    datasets = {s.name: data.load_dataset(sources_lib.data_config(config, s), "train",
+                                           task_options=s.task_options) for s in plan.sources}
+    return data.mixed_batches(datasets, {s.name: s.weight for s in plan.sources}, P, seed=seed,
+                              start=start.data_position, positions=start.source_positions,
+                              **where)
+  load = data.load_dataset if plan.completions == "sample" else data.load_demonstrations
+  records = load(config.data, "train", task_options=config.data.task_options)
+  return data.prompt_batches(records, P, seed=seed, start=start.data_position, **where)
 
 
 class Feed:
@@ -29,20 +46,20 @@ class Feed:
   def __init__(self, config, plan: Plan, setup: Setup, start: Start):
     self.models = setup.models
     self.step_key = lambda step: jax.random.fold_in(jax.random.PRNGKey(config.seed), step)
-    load = data.load_dataset if plan.completions == "sample" else data.load_demonstrations
-    records = load(config.data, "train", task_options=config.data.task_options)
-    batches = data.prompt_batches(records, config.train.prompts_per_step,
-                                  seed=config.data.shuffle_seed, start=start.data_position,
-                                  process_index=jax.process_index(),
-                                  process_count=jax.process_count())
+    batches = training_batches(config, plan, start)
     tokenizer, policy = setup.tokenizer, setup.models.policy
     eos = rollout_lib.eos_ids(tokenizer, policy.config)
     if plan.completions == "sample":
       pad = rollout_lib.pad_id(tokenizer)
       sampler = sampling.Sampler(rollout_lib.sampling_settings(config.sampling, eos, pad),
                                  config.sampling.prompt_buckets)
-      self.source = rollout_lib.SampledRollouts(config, tokenizer, batches, sampler,
-                                                RewardSet.from_config(config.rewards))
+      self.source = rollout_lib.SampledRollouts(
+          config, tokenizer, batches, sampler,
+          [RewardSet.from_config(s.rewards) for s in plan.sources],
+          [s.name for s in plan.sources] if plan.mixed else (),
+          [data.Hint(s.algo.distill.hint_field, s.algo.distill.hint_template)
+           if s.algo.distill.teacher == "self" else None for s in plan.sources]
+          if plan.self_teacher else ())
     else:
       self.source = rollout_lib.DatasetRollouts(config, tokenizer, batches, eos)
     self.pipeline = None

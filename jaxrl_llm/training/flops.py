@@ -55,7 +55,8 @@ def forward_flops(c, tokens: float, context: float, unembedded: float | None = N
 
 def step_flops(model_config, algo, *, prompts: int, samples: int, prompt_len: int,
                new_tokens: int, generated: float | None, reference: bool, value: bool,
-               recompute_old_logp: bool, teacher_config=None) -> dict[str, float]:
+               recompute_old_logp: bool, teacher_config=None,
+               hinted_len: int = 0) -> dict[str, float]:
   """Model FLOPs of one RL step by phase: {'sample', 'logprob', 'update', 'total'}.
 
   Args:
@@ -68,6 +69,8 @@ def step_flops(model_config, algo, *, prompts: int, samples: int, prompt_len: in
     value: a critic scores the batch and is trained with the policy.
     recompute_old_logp: the policy's old log-probs are recomputed before the update.
     teacher_config: the `ModelConfig` of a teacher that scores the batch (None: none).
+    hinted_len: the padded length of the hinted rows the policy scores as its own teacher
+      (self-distillation, `data.hints`), 0 without.
   """
   c, B, S0, N = model_config, prompts * samples, prompt_len, new_tokens
   T = S0 + N
@@ -81,6 +84,8 @@ def step_flops(model_config, algo, *, prompts: int, samples: int, prompt_len: in
   logprob = batch_forward * (reference + recompute_old_logp) + critic_forward * value
   if teacher_config is not None:
     logprob += forward_flops(teacher_config, B * T, (T + 1) / 2, unembedded=B * N)
+  if hinted_len:
+    logprob += forward_flops(c, B * hinted_len, (hinted_len + 1) / 2, unembedded=B * N)
   update = 3 * algo.num_iterations * (batch_forward + critic_forward * value)
   return {"sample": sample, "logprob": logprob, "update": update,
           "total": sample + logprob + update}
@@ -131,7 +136,8 @@ def throughput(model_config, plan, rollout, arrays, times: dict[str, float], sam
       model_config, plan.algo, prompts=prompts, samples=samples,
       prompt_len=arrays["tokens"].shape[1] - new_tokens, new_tokens=new_tokens,
       generated=lengths if sampled else None, reference=plan.reference, value=plan.value_model,
-      recompute_old_logp=plan.old_logp == "recompute", teacher_config=teacher_config)
+      recompute_old_logp=plan.old_logp == "recompute", teacher_config=teacher_config,
+      hinted_len=arrays["hint_tokens"].shape[1] if "hint_tokens" in arrays else 0)
   train_tokens = float(distributed.sum_int(int(arrays["loss_mask"].sum())))
   t_update = max(times["update"], 1e-9)
   return dict(step_time_s=times["step"], sample_time_s=times["sample"],

@@ -54,7 +54,7 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
   _record_config(config, workdir, print_config)
   t, programs, mesh = config.train, setup.programs, setup.models.mesh
   feed = feed_lib.Feed(config, plan, setup, start)
-  evaluator = (evaluation.Evaluator(config, setup.tokenizer, setup.models.policy.config)
+  evaluator = (evaluation.Evaluators(config, setup.tokenizer, setup.models.policy.config)
                if t.eval_every > 0 else None)
   guard = guards.NonFiniteGuard(t.max_consecutive_skips, start.skipped_steps,
                                 start.consecutive_skips)
@@ -125,7 +125,9 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
 def _checkpoint_meta(config, plan, setup, done: int, rollout, guard) -> dict:
   """What a checkpoint records beside the state: the position, the skip counters, and what
   a resume checks (`resume.check`)."""
-  return {"step": done, "data_position": rollout.position, **guard.state(),
+  positions = ({} if rollout.source_positions is None
+               else {"source_positions": rollout.source_positions})
+  return {"step": done, "data_position": rollout.position, **positions, **guard.state(),
           "fingerprint": resume.fingerprint(setup.models.policy.config, plan.value_model,
                                             plan.baselines),
           "run": resume.run_identity(config)}

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from jaxrl_llm import objectives
+from jaxrl_llm.config import sources as sources_lib
 
 OLD_LOGP_SOURCES = ("sampler", "recompute", "own")
 
@@ -24,8 +25,13 @@ class Plan:
     reference: a frozen copy of the initial policy scores the batch (a KL term).
     value_model: a critic is trained beside the policy (`algo.value.coef > 0`).
     teacher: a frozen teacher (`config.teacher.path`) scores the batch (distillation).
-    baselines: how many baselines a stateful estimator (`rae`) carries in the train state
-      (0: none).
+    self_teacher: the policy scores each completion after a hint block (opsd,
+      `algo.distill.teacher = 'self'`, for some source).
+    baselines: how many baselines a stateful estimator (`rae`) carries in the train state,
+      one per source (0: none).
+    sources: the run's sources (`config.sources`, or the one `config.data` names), each
+      with its per-row algorithm (`jaxrl_llm.config.sources`).
+    mixed: rows carry their source's index and per-row weights (`config.sources` is set).
     completions: 'sample' (the policy samples G per prompt) or 'dataset' (each record's
       target, SFT).
     old_logp: where the update's old log-probs come from: 'sampler' (the behaviour
@@ -42,7 +48,10 @@ class Plan:
   reference: bool
   value_model: bool
   teacher: bool
+  self_teacher: bool
   baselines: int
+  sources: tuple
+  mixed: bool
   completions: str
   old_logp: str
   corrects_behaviour: bool
@@ -53,7 +62,8 @@ class Plan:
   def describe(self) -> str:
     """One line per decision, for the start of a run's log."""
     models = (["policy"] + ["reference"] * self.reference + ["value model"] * self.value_model
-              + ["teacher"] * self.teacher)
+              + ["teacher"] * self.teacher + ["the policy after a hint, as teacher"]
+              * self.self_teacher)
     rollouts = ("sampled by the policy" if self.completions == "sample"
                 else "the dataset's completions")
     if self.max_async_level:
@@ -63,6 +73,17 @@ class Plan:
     return "\n".join([
         f"plan: models: {', '.join(models)}",
         f"plan: rollouts: {rollouts}",
+        *([f"plan: sources: " + ", ".join(
+            f"{s.name} ({s.weight:g}: " + ", ".join(
+                ([f"{s.algo.advantage.fn or s.algo.advantage.estimator}"
+                  + (f" x {s.algo.loss.pg_coef:g}" if s.algo.loss.pg_coef != 1 else "")]
+                 if s.algo.loss.pg_coef else [])
+                + ([f"distill {s.algo.distill.coef:g}"
+                    + (" (self, hinted)" if s.algo.distill.teacher == "self" else "")]
+                   if s.algo.distill.coef else [])
+                + ([f"shaping {s.algo.distill.shaping_coef:g}"]
+                   if s.algo.distill.shaping_coef else [])) + ")"
+            for s in self.sources)] if self.mixed else []),
         f"plan: old log-probs: {self.old_logp}"
         + (" (compared with the sampler's)" if self.corrects_behaviour else ""),
         f"plan: {self.updates_per_step} optimizer update(s) per step"])
@@ -95,6 +116,9 @@ def make_plan(config) -> Plan:
   """The plan of a (validated) config."""
   algo = config.algo
   source = resolve_old_logp(config)
+  sources = sources_lib.run_sources(config)
+  stateful = any(not s.algo.advantage.fn
+                 and s.algo.advantage.estimator in objectives.STATEFUL_ESTIMATORS for s in sources)
   sampled = config.data.completions == "sample"
   # Without sampled log-probs (SFT) only an importance ratio, the KL-in-reward term or an
   # explicit 'recompute' read old log-probs; otherwise the update's own (stop-gradient)
@@ -107,8 +131,11 @@ def make_plan(config) -> Plan:
       reference=algo.kl.coef > 0 and algo.kl.placement != "none",
       value_model=algo.value.coef > 0,
       teacher=bool(config.teacher.path),
-      baselines=int(not algo.advantage.fn
-                    and algo.advantage.estimator in objectives.STATEFUL_ESTIMATORS),
+      self_teacher=any(s.algo.distill.teacher == "self"
+                       and (s.algo.distill.coef or s.algo.distill.shaping_coef) for s in sources),
+      baselines=len(sources) if stateful else 0,
+      sources=sources,
+      mixed=sources_lib.is_mixed(config),
       completions=config.data.completions,
       old_logp=old_logp,
       corrects_behaviour=sampled and old_logp == "recompute",

@@ -6,6 +6,8 @@ which keys it has is the plan's decision (`plan.Plan`), made once.
 """
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +39,14 @@ def batch_arrays(r: Rollout, G: int, mask_truncated: bool) -> dict[str, np.ndarr
   }
   if r.logprobs is not None:
     out["sampler_logp"] = r.logprobs.astype(np.float32)
+  if r.sources is not None:  # a mixed run: each row's source (its per-row algorithm)
+    out["source"] = np.repeat(r.sources, G).astype(np.int32)
+  if r.hint_tokens is not None:  # self-distillation: the same completions after a hint
+    extra = distributed.max_int(r.hint_tokens.shape[1]) - r.hint_tokens.shape[1]
+    hinted = lambda a: np.repeat(np.pad(a, ((0, 0), (extra, 0))), G, axis=0)
+    out["hint_tokens"] = np.concatenate([hinted(r.hint_tokens), r.tokens], 1).astype(np.int32)
+    out["hint_attention_mask"] = np.concatenate([hinted(r.hint_mask), r.mask],
+                                                1).astype(np.int32)
   return out
 
 
@@ -71,24 +81,26 @@ def prepare_batch(batch, policy, reference, value, teacher=None, baselines=None,
     ref_logp = jnp.where(mask > 0, logp(reference), 0.0)
   if teacher is not None:
     teacher_logp = jnp.where(mask > 0, logp(teacher), 0.0)
+  if "hint_tokens" in batch:  # opsd: the policy as its own teacher, reading a hint first
+    hinted = {"tokens": batch["hint_tokens"], "attention_mask": batch["hint_attention_mask"],
+              "loss_mask": mask}
+    self_logp = jnp.where(mask > 0, steps.map_micro(
+        lambda piece: steps.completion_logp(policy, piece, temperature=temperature,
+                                            chunk_size=chunk_size)[0], hinted, num_micro), 0.0)
+    own = _per_row(plan, batch, lambda a: a.distill.teacher == "self")
+    teacher_logp = (self_logp if teacher_logp is None and not plan.mixed else
+                    jnp.where(own > 0, self_logp, 0.0 if teacher_logp is None else teacher_logp))
   if value is not None:
     values = steps.map_micro(lambda piece: steps.completion_values(value, piece), batch,
                              num_micro)
-  rewards_PG = batch["rewards"].reshape(-1, num_samples)
-  metrics, seen_B = {}, None
-  if baselines is not None:  # one key until rows carry their source (or agent)
-    rewards_B = batch["rewards"]
-    seen_B, baselines = objectives.rae_baselines(
-        rewards_B, jnp.zeros(rewards_B.shape, jnp.int32), baselines, algo.advantage.decay)
-    metrics["rae_baseline"] = jnp.mean(baselines)
-  adv, returns = objectives.token_advantages(rewards_PG, mask, algo, logp_BT=old_logp,
-                                             ref_logp_BT=ref_logp, values_BT=values,
-                                             baselines_B=seen_B)
+  metrics = {}
+  adv, returns, baselines = _advantages(batch, mask, plan, num_samples, old_logp, ref_logp,
+                                        values, baselines, metrics)
   if teacher_logp is not None:
     metrics["distill/reverse_kl"] = objectives.reverse_kl(old_logp, teacher_logp, mask)
-    if algo.distill.shaping_coef:
-      adv = objectives.distill_shaped_advantages(adv, old_logp, teacher_logp, mask,
-                                                 algo.distill.shaping_coef)
+    shaping = _per_row(plan, batch, lambda a: a.distill.shaping_coef)
+    if shaping is not None:
+      adv = objectives.distill_shaped_advantages(adv, old_logp, teacher_logp, mask, shaping)
   if plan.corrects_behaviour and algo.tis_cap > 0:
     adv = adv * objectives.truncated_importance_weight(old_logp, batch["sampler_logp"],
                                                        algo.tis_cap)
@@ -101,10 +113,64 @@ def prepare_batch(batch, policy, reference, value, teacher=None, baselines=None,
     out["old_logp"] = old_logp
   if ref_logp is not None and algo.kl.placement == "loss":
     out["ref_logp"] = ref_logp
-  if teacher_logp is not None and algo.distill.coef:
+  if teacher_logp is not None and _per_row(plan, batch, lambda a: a.distill.coef) is not None:
     out["teacher_logp"] = teacher_logp
+  if plan.mixed:  # each row's coefficients of the loss's terms (objectives.policy_loss)
+    out["pg_weight"] = _per_row(plan, batch, lambda a: a.loss.pg_coef, always=True)[:, 0]
+    distill = _per_row(plan, batch, lambda a: a.distill.coef)
+    if distill is not None:
+      out["distill_weight"] = distill[:, 0]
+    out.pop("source")
   if values is not None:
     out.update(old_values=values, returns=returns)
   out.pop("rewards")
-  out.pop("sampler_logp", None)
+  for key in ("sampler_logp", "hint_tokens", "hint_attention_mask"):
+    out.pop(key, None)
   return out, metrics, baselines
+
+
+def _per_row(plan: Plan, batch, coef, always: bool = False):
+  """A per-row algorithm coefficient `coef(algo)`: the scalar of a one-source run, or each
+  row's source's as float32 [B, 1] in a mixed one; None when it is 0 everywhere (unless
+  `always`)."""
+  values = [float(coef(s.algo)) for s in plan.sources]
+  if not always and not any(values):
+    return None
+  if not plan.mixed:
+    return values[0]
+  return jnp.asarray(values, jnp.float32)[batch["source"]][:, None]
+
+
+def _advantages(batch, mask, plan: Plan, num_samples: int, old_logp, ref_logp, values,
+                baselines, metrics):
+  """(advantages [B, N], value targets or None, baselines after the batch or None).
+
+  Each distinct advantage setting among the sources is computed over the whole batch with
+  the mask cut to its own sources' rows (a group belongs to one source, and the
+  whitening of `reinforce_pp` and `gae` sees only those rows), and every row keeps its
+  own source's: a row gets exactly what a run of its source alone would give it.
+  """
+  rewards_PG = batch["rewards"].reshape(-1, num_samples)
+  source_B = batch["source"] if plan.mixed else jnp.zeros(rewards_PG.size, jnp.int32)
+  seen_B = None
+  if baselines is not None:  # rae: one baseline per source
+    decay_K = np.asarray([s.algo.advantage.decay for s in plan.sources], np.float64)
+    seen_B, baselines = objectives.rae_baselines(batch["rewards"], source_B, baselines,
+                                                 decay_K if plan.mixed else decay_K[0])
+    metrics["rae_baseline"] = jnp.mean(baselines)
+  settings: dict[str, list[int]] = {}
+  for i, source in enumerate(plan.sources):
+    settings.setdefault(json.dumps(source.algo.advantage.to_dict(), sort_keys=True), []).append(i)
+  adv = returns = None
+  for members in settings.values():
+    algo = plan.sources[members[0]].algo
+    rows_mask = mask
+    if plan.mixed:
+      rows_mask = mask * jnp.isin(source_B, jnp.asarray(members))[:, None].astype(mask.dtype)
+    adv_i, returns_i = objectives.token_advantages(
+        rewards_PG, rows_mask, algo, logp_BT=old_logp, ref_logp_BT=ref_logp, values_BT=values,
+        baselines_B=seen_B)
+    adv = adv_i if adv is None else adv + adv_i  # disjoint rows: 0 outside each's own
+    if returns_i is not None:
+      returns = returns_i if returns is None else returns + returns_i
+  return adv, returns, baselines

@@ -36,6 +36,7 @@ class Start:
   data_position: int = 0
   skipped_steps: int = 0
   consecutive_skips: int = 0
+  source_positions: dict[str, int] | None = None  # a mixed run's items taken per source
 
 
 def fingerprint(model_config: ModelConfig, value_model: bool, baselines: int = 0
@@ -53,7 +54,10 @@ def run_identity(config) -> dict[str, Any]:
   """The config's algorithm and model as JSON values: what a checkpoint records of its run."""
   model = {k: v for k, v in config.model.to_dict().items() if k not in SPEED_FIELDS}
   algo = config.algo.copy_and_resolve_references().to_dict()
-  return json.loads(json.dumps({"algo": algo, "model": model}))
+  identity = {"algo": algo, "model": model}
+  if len(config.sources):  # each source's per-row algorithm (weights and data may change)
+    identity["sources"] = {name: s.algo.to_dict() for name, s in config.sources.items()}
+  return json.loads(json.dumps(identity))
 
 
 def with_defaults(saved, defaults):
@@ -120,4 +124,5 @@ def start_point(setup: setup_lib.Setup, ckpt: checkpoints.Checkpointer, latest: 
     return Start(setup_lib.fresh_state(setup, seed))
   state, meta = ckpt.restore(latest, setup.layout)
   return Start(state, int(meta["step"]), int(meta["data_position"]),
-               int(meta.get("skipped_steps", 0)), int(meta.get("consecutive_skips", 0)))
+               int(meta.get("skipped_steps", 0)), int(meta.get("consecutive_skips", 0)),
+               meta.get("source_positions"))

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import jax
 import numpy as np
 
 from jaxrl_llm import data, distributed, objectives, sampling
-from jaxrl_llm.rewards import RewardSet
+from jaxrl_llm.rewards import Rewards, RewardSet
 
 @dataclasses.dataclass
 class Rollout:
@@ -32,6 +32,11 @@ class Rollout:
     prompts, completions: the texts, for logging.
     step, policy_version: with asynchronous rollouts (`async_rollouts`), the step this
       rollout is for and the policy version (updates done) that sampled it; else None.
+    sources: int32 [P], each prompt's source in a mixed run (`config.sources`), else None.
+    hint_tokens, hint_mask: int32 [P, S0 + H], each prompt after its hint block
+      (self-distillation, `data.hints`; a prompt of a source without one, alone), else None.
+    source_positions: a mixed run's items taken from each source (a checkpoint stores
+      them), else None.
   """
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
@@ -48,6 +53,10 @@ class Rollout:
   completions: list[str]
   step: int | None = None
   policy_version: int | None = None
+  sources: np.ndarray | None = None
+  source_positions: dict[str, int] | None = None
+  hint_tokens: np.ndarray | None = None
+  hint_mask: np.ndarray | None = None
 
 
 def eos_ids(tokenizer, model_config) -> tuple[int, ...]:
@@ -94,17 +103,55 @@ def _repad(arrays: list[np.ndarray], masks: list[np.ndarray], pad: int):
 
 
 class SampledRollouts:
-  """RL rollouts: sample G completions per prompt, score them, keep informative groups."""
+  """RL rollouts: sample G completions per prompt, score them, keep informative groups.
+
+  `reward_sets`: one per source, in the run's source order; `source_names`: the sources of
+  a mixed run (`config.sources`; their batches carry each record's source), () for one;
+  `hints`: per source, its self-distillation hint (`data.Hint`) or None.
+  """
 
   def __init__(self, config, tokenizer, batches: Iterator[data.RecordBatch],
-               sampler: sampling.Sampler, reward_set: RewardSet):
+               sampler: sampling.Sampler, reward_sets: Sequence[RewardSet],
+               source_names: Sequence[str] = (), hints: Sequence[data.Hint | None] = ()):
     self.config = config
     self.tokenizer = tokenizer
     self.batches = batches
     self.sampler = sampler
-    self.reward_set = reward_set
+    self.reward_sets = list(reward_sets)
+    self.source_names = tuple(source_names)
+    self.hints = list(hints) if any(hints) else []
     self.G = config.sampling.num_samples
     self.pad = pad_id(tokenizer)
+
+  def _hinted(self, batch: data.RecordBatch, tok):
+    """(tokens, mask) of every prompt after its source's hint, or None without hints."""
+    if not self.hints:
+      return None
+    sources = batch.sources if batch.sources is not None else np.zeros(len(batch.records), int)
+    return data.hinted_prompts(self.tokenizer, batch.records, tok.token_lists,
+                               [self.hints[s] for s in sources], tok.tokens.shape[1],
+                               self.config.algo.distill.max_hint_len, self.pad,
+                               indices=batch.indices)
+
+  def _score(self, batch: data.RecordBatch, prompts: list[str], completions: list[str]):
+    """The rewards of a batch's completions, each row by its own source's functions
+    (named `SOURCE/FUNCTION` in a mixed run, NaN on the other sources' rows)."""
+    G = self.G
+    if batch.sources is None:
+      return self.reward_sets[0](prompts, completions, **batch.fields(repeat=G))
+    total = np.zeros(len(prompts), np.float32)
+    per_function = {f"{name}/{fn}": np.full(len(prompts), np.nan, np.float32)
+                    for name, rs in zip(self.source_names, self.reward_sets) for fn in rs.names}
+    rows_source = np.repeat(batch.sources, G)
+    for i, (name, reward_set) in enumerate(zip(self.source_names, self.reward_sets)):
+      rows = np.flatnonzero(rows_source == i)
+      if rows.size:
+        scored = reward_set([prompts[r] for r in rows], [completions[r] for r in rows],
+                            **batch.subset(batch.sources == i).fields(repeat=G))
+        total[rows] = scored.total
+        for fn, values in scored.per_function.items():
+          per_function[f"{name}/{fn}"][rows] = values
+    return Rewards(total, per_function)
 
   def __call__(self, policy, key: jax.Array) -> Rollout:
     algo, G = self.config.algo, self.G
@@ -121,17 +168,20 @@ class SampledRollouts:
       prompts = [p for p in batch.prompts for _ in range(G)]
       t0 = time.perf_counter()
       completions = decode_completions(self.tokenizer, out.tokens, out.lengths)
-      scored = self.reward_set(prompts, completions, **batch.fields(repeat=G))
+      scored = self._score(batch, prompts, completions)
       reward_time += time.perf_counter() - t0
       P = len(batch.records)
       informative = np.asarray(objectives.dynamic_sampling_keep(scored.total.reshape(P, G)))
       blocks.append(dict(tok=tok, out=out, scored=scored, prompts=prompts,
-                         completions=completions, informative=informative))
+                         completions=completions, informative=informative,
+                         sources=batch.sources, source_positions=batch.source_positions,
+                         hint=self._hinted(batch, tok)))
       kept += int(informative.sum())
       # Every process samples the same number of rounds: until all have P informative groups.
       if not algo.dynamic_sampling.enabled or distributed.all_true(kept >= P):
         break
     rollout = self._assemble(blocks, position, truncated_prompts, len(blocks))
+    rollout.source_positions = blocks[-1]["source_positions"]
     rollout.metrics["reward_time_s"] = reward_time
     return rollout
 
@@ -156,12 +206,23 @@ class SampledRollouts:
                             for b, p in chosen])
     per_function = {name: take(lambda blk, n=name: blk["scored"].per_function[n])
                     for name in blocks[0]["scored"].per_function}
+    sources = (None if blocks[0]["sources"] is None
+               else np.array([blocks[b]["sources"][p] for b, p in chosen], np.int32))
+    hint_tokens = hint_mask = None
+    if blocks[0]["hint"] is not None:
+      hint_tokens, hint_mask = _repad([blocks[b]["hint"][0][p:p + 1] for b, p in chosen],
+                                      [blocks[b]["hint"][1][p:p + 1] for b, p in chosen], self.pad)
     # Metrics describe the global batch: every process's rows, gathered in one collective.
     every = distributed.concat(dict(
         per_function=per_function, total=total, lengths=lengths, truncated=truncated,
         group_valid=group_valid, shaped=shaped, truncated_prompts=np.asarray([truncated_prompts]),
-        informative=np.concatenate([b["informative"] for b in blocks])))
-    metrics = {f"reward/{k}": float(v.mean()) for k, v in every["per_function"].items()}
+        informative=np.concatenate([b["informative"] for b in blocks]),
+        sources=np.repeat(sources if sources is not None else np.zeros(len(chosen), np.int32),
+                          G)))
+    if sources is None:
+      metrics = {f"reward/{k}": float(v.mean()) for k, v in every["per_function"].items()}
+    else:
+      metrics = self._source_metrics(every)
     metrics.update(
         reward_mean=float(every["total"].mean()), reward_std=float(every["total"].std()),
         zero_variance_group_frac=float(np.mean(~every["informative"])),
@@ -179,7 +240,26 @@ class SampledRollouts:
         logprobs=take(lambda blk: blk["out"].logprobs), lengths=lengths, truncated=truncated,
         rewards=shaped.astype(np.float32), group_valid=group_valid, metrics=metrics,
         position=position, prompts=[blocks[b]["prompts"][p * G] for b, p in chosen],
-        completions=take_list([blocks[b]["completions"][rows(b, p)] for b, p in chosen]))
+        completions=take_list([blocks[b]["completions"][rows(b, p)] for b, p in chosen]),
+        sources=sources, hint_tokens=hint_tokens, hint_mask=hint_mask)
+
+  def _source_metrics(self, every) -> dict[str, float]:
+    """A mixed batch's metrics per source: `rows/NAME`, `reward_mean/NAME`,
+    `response_length_mean/NAME`, `truncated_frac/NAME` and `reward/NAME/FUNCTION` (means
+    over that source's rows of every process; only `rows/NAME` when it has none)."""
+    metrics = {}
+    for i, name in enumerate(self.source_names):
+      rows = every["sources"] == i
+      metrics[f"rows/{name}"] = float(rows.sum())
+      if not rows.any():
+        continue
+      metrics[f"reward_mean/{name}"] = float(every["total"][rows].mean())
+      metrics[f"response_length_mean/{name}"] = float(every["lengths"][rows].mean())
+      metrics[f"truncated_frac/{name}"] = float(every["truncated"][rows].mean())
+      for key, values in every["per_function"].items():
+        if key.startswith(f"{name}/"):
+          metrics[f"reward/{key}"] = float(values[rows].mean())
+    return metrics
 
 
 def take_list(parts: list[list]) -> list:

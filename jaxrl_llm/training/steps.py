@@ -5,7 +5,8 @@ A training batch is a dict of arrays, B rows (prompt-major, G rows per prompt):
   loss_mask [B, N]: completion tokens that carry loss;
   old_logp [B, N] (absent: the step's own log-probs, stop-gradient), advantages [B, N]
   (or [B]); ref_logp [B, N] when the KL is in the loss; teacher_logp [B, N] with a
-  distillation term;
+  distillation term; pg_weight [B] and distill_weight [B] in a mixed run (each row's
+  source's coefficients, `jaxrl_llm.config.sources`);
   old_values [B, N], returns [B, N] for the value step.
 Which keys exist is decided by `config.algo`, once, in the loop; the steps never look
 at an algorithm's name.
@@ -135,6 +136,9 @@ def accumulate(loss_fn: Callable, params, batch, num_micro: int):
 
 
 # --- the steps ---------------------------------------------------------------------------------
+ROW_WEIGHTS = ("pg", "distill")  # a mixed run's per-row coefficients: batch keys NAME_weight
+
+
 def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, optimizer,
                 temperature: float, chunk_size: int, num_micro: int):
   """One optimizer update of the policy on one minibatch.
@@ -151,7 +155,8 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
   Returns:
     (new state, metrics: scalars).
   """
-  counts = objectives.batch_counts(batch["loss_mask"])
+  row_weights = lambda rows: {k: rows[f"{k}_weight"] for k in ROW_WEIGHTS if f"{k}_weight" in rows}
+  counts = objectives.loss_counts(batch["loss_mask"], row_weights(batch))
 
   def loss_fn(params, piece):
     model = model_static.replace(params=params)
@@ -160,7 +165,8 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
     old_logp = piece.get("old_logp", jax.lax.stop_gradient(logp))  # absent: see loop._prepare
     return objectives.policy_loss(logp, old_logp, piece["advantages"], piece["loss_mask"],
                                   algo, ref_logp=piece.get("ref_logp"), entropy=entropy,
-                                  teacher_logp=piece.get("teacher_logp"), counts=counts)
+                                  teacher_logp=piece.get("teacher_logp"),
+                                  row_weights=row_weights(piece), counts=counts)
 
   loss, metrics, grads = accumulate(loss_fn, state.policy_params, batch, num_micro)
   params, policy_opt, update_metrics = _apply_unless_nonfinite(
