@@ -29,8 +29,9 @@ demo: $(DEMO_STAMP)
 	rm -rf $(DEMO_DIR)
 	JAX_PLATFORMS=cpu $(PY) -m launch.demo --workdir=$(DEMO_DIR)
 
+# Two workers, each taking whole files (module-level set-up is shared within a file).
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

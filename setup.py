@@ -34,7 +34,8 @@ setuptools.setup(
     entry_points={"console_scripts": ["jaxrl-llm-train=jaxrl_llm.cli:run"]},
     extras_require={
         # torch is pinned: 2.13.0 is a CPU wheel on our CI machines; parity tests only.
-        "test": ["pytest", "torch==2.13.0", "tensorflow-datasets", "importlib_resources",
+        # pytest-xdist: `make test` runs the suite in two worker processes (one per core).
+        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "tensorflow-datasets", "importlib_resources",
                  "matplotlib",
                  # tests/colabs_test.py runs colabs/; ipywidgets: tqdm's notebook bar, as in Colab
                  "nbclient", "nbformat", "ipykernel", "ipywidgets",
