@@ -4,7 +4,8 @@ A run has one source (`config.data` with `config.rewards`, the algorithm `config
 or several (`config.sources.NAME`, each a `schema.source_config()`): its data, its share
 of every step's prompts (`weight`), its reward functions and its per-row algorithm axes
 (`algo`: the advantage estimator and its normalisation, the policy-gradient weight
-`loss.pg_coef`, distillation `distill.coef` and `distill.shaping_coef`). What is per row
+`loss.pg_coef`, distillation: `distill.coef`, `shaping_coef` and the teacher, a model or
+the policy after a hint). What is per row
 overlays `config.algo`; the loss, the trust region, the KL term and the rest stay one per
 run, as in prime-rl, where "the algorithm is set per training source" and "the RL loss is
 chosen once for the run". `run_sources(config)` gives either kind of run as a tuple of

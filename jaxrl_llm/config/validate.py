@@ -300,18 +300,22 @@ def _check_sources(config) -> None:
       raise ConfigError(f"config.{field}: {'; '.join(message.splitlines())}") from e
 
 
-def _distill_readers(config) -> list[str]:
-  """The per-row settings that read config.teacher: `algo.distill` or each source's
-  (a 'self' teacher, opsd, is the policy)."""
+def _distill_readers(config, teachers=("model",)) -> list[str]:
+  """The per-row settings that distil from one of `teachers`: `algo.distill` or each
+  source's ('model' reads config.teacher; 'self', opsd, is the policy after a hint)."""
   groups = ([("algo.distill", config.algo.distill)] if not sources_lib.is_mixed(config) else
             [(f"sources.{n}.algo.distill", s.algo.distill) for n, s in config.sources.items()])
   return [f"{prefix}.{k} = {d[k]}" for prefix, d in groups for k in ("coef", "shaping_coef")
-          if d[k] != 0 and d.teacher == "model"]
+          if d[k] != 0 and d.teacher in teachers]
 
 
 def _check_teacher(config) -> None:
   path = config.teacher.path
   readers = _distill_readers(config)
+  distils = _distill_readers(config, ("model", "self"))
+  if distils and config.data.completions != "sample":
+    raise ConfigError(f"{distils[0]} distils on the policy's own samples: expected "
+                      f"data.completions = 'sample', got {config.data.completions!r}")
   if readers and not path:
     raise ConfigError(f"{' and '.join(readers)} distil from a teacher, but config.teacher.path "
                       "is '': expected a Hugging Face checkpoint directory (local or gs://)")
@@ -320,9 +324,6 @@ def _check_teacher(config) -> None:
                       "algo.distill.coef > 0 or algo.distill.shaping_coef > 0 with "
                       "algo.distill.teacher 'model' (per source with config.sources; or "
                       "teacher.path '')")
-  if readers and config.data.completions != "sample":
-    raise ConfigError(f"{readers[0]} distils on the policy's own samples: expected "
-                      f"data.completions = 'sample', got {config.data.completions!r}")
   if path:
     _check_model_dir("teacher.path", path)
 

@@ -111,7 +111,7 @@ def headline_key(rewards_cfg) -> str:
   return f"eval/reward/{RewardSet.from_config(rewards_cfg).names[0]}"
 
 
-def greedy_samples(config, count: int, model_path: str = "") -> list[dict]:
+def greedy_samples(config, count: int, model_path: str = "", source: str = "") -> list[dict]:
   """What the evaluator scores, shown: the first `count` held-out records, answered greedily.
 
   Args:
@@ -119,6 +119,7 @@ def greedy_samples(config, count: int, model_path: str = "") -> list[dict]:
     count: how many records, from the start of the eval split.
     model_path: a Hugging Face directory to load instead of `config.model.path`, e.g. a
       finished run's `export/`.
+    source: with `config.sources`, the source whose eval split to answer ('' = the first).
 
   Returns:
     One dict per record: `prompt`, `completion`, the record's other fields (`answer`, ...),
@@ -130,10 +131,18 @@ def greedy_samples(config, count: int, model_path: str = "") -> list[dict]:
   config_lib.validate(config)
   mesh, rules = sh.split_meshes(config.mesh)[0], sh.freeze_rules(config.mesh.rules)
   tokenizer, policy = setup_lib.load_tokenizer_and_policy(config, mesh, rules)
-  evaluator = Evaluator(config, tokenizer, policy.config)
+  chosen = None
+  if len(config.sources):
+    names = [s.name for s in sources_lib.run_sources(config)]
+    if source and source not in names:
+      raise ValueError(f"source={source!r}: expected one of config.sources {names}")
+    chosen = sources_lib.run_sources(config)[names.index(source) if source else 0]
+  evaluator = Evaluator(config, tokenizer, policy.config, chosen)
   if not 0 < count <= len(evaluator.dataset):
     raise ValueError(f"count={count}: expected 1 to {len(evaluator.dataset)}, the size of the "
-                     f"eval split of config.data.source={config.data.source!r}")
+                     "eval split of " + (f"config.data.source={config.data.source!r}"
+                                         if chosen is None else
+                                         f"config.sources.{chosen.name}.data={chosen.data!r}"))
   batch = next(data.sequential_batches(evaluator.dataset, count, process_index=jax.process_index(),
                                        process_count=jax.process_count()))
   completions, scored = evaluator.complete(policy, batch)

@@ -123,6 +123,10 @@ def prepare_batch(batch, policy, reference, value, teacher=None, baselines=None,
     out.pop("source")
   if values is not None:
     out.update(old_values=values, returns=returns)
+    if plan.mixed:  # the critic learns the returns of the rows whose source uses them (gae)
+      own = _per_row(plan, batch, lambda a: a.advantage.estimator == "gae" and not a.advantage.fn,
+                     always=True)
+      out["value_mask"] = (out["loss_mask"] * own).astype(out["loss_mask"].dtype)
   out.pop("rewards")
   for key in ("sampler_logp", "hint_tokens", "hint_attention_mask"):
     out.pop(key, None)

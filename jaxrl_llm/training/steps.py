@@ -7,7 +7,8 @@ A training batch is a dict of arrays, B rows (prompt-major, G rows per prompt):
   (or [B]); ref_logp [B, N] when the KL is in the loss; teacher_logp [B, N] with a
   distillation term; pg_weight [B] and distill_weight [B] in a mixed run (each row's
   source's coefficients, `jaxrl_llm.config.sources`);
-  old_values [B, N], returns [B, N] for the value step.
+  old_values [B, N], returns [B, N] for the value step (value_mask [B, N] in a mixed run:
+  the tokens of its gae sources' rows).
 Which keys exist is decided by `config.algo`, once, in the loop; the steps never look
 at an algorithm's name.
 
@@ -177,13 +178,15 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
 
 def value_step(state: TrainState, batch, *, model_static: models.Model, algo, optimizer,
                num_micro: int):
-  """One optimizer update of the critic on one minibatch (PPO's value loss, times coef)."""
-  counts = objectives.batch_counts(batch["loss_mask"])
+  """One optimizer update of the critic on one minibatch (PPO's value loss, times coef), on
+  the tokens of `value_mask` (a mixed run: its gae sources' rows), else of `loss_mask`."""
+  mask_key = "value_mask" if "value_mask" in batch else "loss_mask"
+  counts = objectives.batch_counts(batch[mask_key])
 
   def loss_fn(params, piece):
     values = completion_values(model_static.replace(params=params), piece)
     loss, metrics = objectives.value_loss(values, piece["old_values"], piece["returns"],
-                                          piece["loss_mask"], algo, counts=counts)
+                                          piece[mask_key], algo, counts=counts)
     return algo.value.coef * loss, dict(metrics, value_loss=loss)
 
   loss, metrics, grads = accumulate(loss_fn, state.value_params, batch, num_micro)

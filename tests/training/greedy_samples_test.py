@@ -57,6 +57,17 @@ class GreedySamplesTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, rf"count={count}: expected 1 to 256"):
       training.greedy_samples(config, count)
 
+  def test_a_source_of_a_mixed_run(self):
+    from configs import arithmetic  # pylint: disable=g-import-not-at-top
+    config = arithmetic.get_config("preset=mixed,runlocal")
+    config.sources.rl.task_options = dict(arithmetic.TASK_OPTIONS, seed=5)
+    rows = training.greedy_samples(config, 3, source="rl")
+    held_out = data.load_dataset(config.data, "eval", task_options=config.sources.rl.task_options)
+    self.assertEqual([r["prompt"] for r in rows], [held_out[i]["prompt"] for i in range(3)])
+    with self.assertRaisesRegex(ValueError, r"source='math': expected one of config.sources "
+                                r"\['distill', 'rl'\]"):
+      training.greedy_samples(config, 3, source="math")
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -2,7 +2,6 @@
 import importlib
 import json
 import os
-import shutil
 import struct
 from unittest import mock
 
@@ -13,35 +12,12 @@ from absl.testing import absltest, parameterized
 from configs import smoke
 from jaxrl_llm import paths, training
 from jaxrl_llm.training import metrics as metrics_lib
+from tests.training.run_logs import comparable, read_jsonl, resume_from_step_two
 
 # ppo, grpo, gspo, dapo and sft run in unchanged_metrics_test.py, every metric checked against
 # a record; opd (a teacher) in distillation_test.py.
 PRESETS = ("dr_grpo", "rloo", "reinforce_pp", "cispo", "gmpo", "sapo", "max_rl", "ipo",
            "dppo_tv")
-# Wall-clock and throughput fields differ run to run; everything else must not.
-TIMING = ("step_time_s", "sample_time_s", "reward_time_s", "logprob_time_s", "update_time_s",
-          "sample_tokens_per_s", "train_tokens_per_s", "mfu", "update_mfu")
-
-
-def read_jsonl(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
-
-def resume_from_step_two(config, first, second):
-  """Trains `config` in `second`, a workdir holding only `first`'s step-2 checkpoint and its
-  log rows up to step 2; returns the rows `second` ends with."""
-  shutil.copytree(os.path.join(first, "checkpoints", "2"), os.path.join(second, "checkpoints", "2"))
-  with open(os.path.join(second, "metrics.jsonl"), "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in read_jsonl(first)[:2])
-  training.train(config, second)
-  return read_jsonl(second)
-
-
-def comparable(row):
-  return {k: v for k, v in row.items() if k not in TIMING}
-
-
 def read_tb_scalars(workdir):
   """Parses TensorBoard event files (TFRecord framing + Event protos) into {tag: [values]}."""
   from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top

@@ -1,8 +1,6 @@
 """Mixed sources (`config.sources`): each row gets what a run of its source alone gives it,
 one compiled program serves any mix, and a mixed run logs per source and resumes exactly."""
-import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -13,14 +11,14 @@ import numpy as np
 
 from configs import arithmetic
 from jaxrl_llm import config as config_lib
-from jaxrl_llm import objectives, training
+from jaxrl_llm import models, objectives, training
 from jaxrl_llm.config import ConfigError, source_config
 from jaxrl_llm.training import plan as plan_lib
 from jaxrl_llm.training import prepare, steps
+from jaxrl_llm.training import setup as setup_lib
+from tests.training.run_logs import comparable, read_jsonl, resume_from_step_two
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TIMING = ("step_time_s", "sample_time_s", "reward_time_s", "logprob_time_s", "update_time_s",
-          "sample_tokens_per_s", "train_tokens_per_s", "mfu", "update_mfu")
 G, N = 4, 6
 
 
@@ -105,6 +103,24 @@ class PerRowAlgorithmTest(absltest.TestCase):
     np.testing.assert_allclose(np.asarray(out["advantages"])[rows == 0][:, 0], expected,
                                rtol=1e-5)
     self.assertAlmostEqual(float(after[0]), b, places=5)
+
+  def test_the_critic_learns_only_the_gae_rows(self):
+    config = mixed_config({"p": "gae", "q": "grpo"})
+    config.algo.value.coef = 0.5
+    config_lib.validate(config)
+    plan = plan_lib.make_plan(config)
+    policy = models.init(setup_lib.model_config(config.model), jax.random.PRNGKey(0))
+    value = models.value_model(policy)
+    sources_P = np.array([0, 1, 1, 0])
+    batch = jax.tree.map(jnp.asarray, raw_batch(np.random.default_rng(4), sources_P))
+    out, _, _ = jax.jit(lambda b, v: prepare.prepare_batch(
+        b, None, None, v, None, None, plan=plan, num_samples=G, temperature=1.0, chunk_size=4,
+        num_micro=1))(batch, value)
+    gae_rows = np.repeat(sources_P, G) == 0
+    np.testing.assert_array_equal(np.asarray(out["value_mask"]),
+                                  np.asarray(batch["loss_mask"]) * gae_rows[:, None])
+    self.assertTrue(np.all(np.asarray(out["returns"])[~gae_rows] == 0))
+    self.assertTrue(np.any(np.asarray(out["returns"])[gae_rows] != 0))
 
   def test_a_new_mix_does_not_recompile(self):
     config = mixed_config({"a": "grpo", "b": "rloo"})
@@ -194,11 +210,6 @@ class MixedConfigTest(absltest.TestCase):
     self.assertIsNone(config_lib.unknown_key("sources.rl.task_options.seed"))
 
 
-def read_jsonl(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in f]
-
-
 def mixed_run_config():
   config = arithmetic.get_config("preset=mixed,runlocal")
   config.train.steps = 4
@@ -212,19 +223,15 @@ class MixedRunTest(absltest.TestCase):
   def test_logs_per_source_and_resumes_exactly(self):
     first, second = self.create_tempdir().full_path, self.create_tempdir().full_path
     training.train(mixed_run_config(), first)
-    rows = read_jsonl(first)
+    rows = [comparable(r) for r in read_jsonl(first)]
     self.assertLen(rows, 4)
     for row in rows:
       self.assertEqual((row["rows/rl"], row["rows/distill"]), (24.0, 8.0))
       for key in ("reward_mean/rl", "reward_mean/distill", "response_length_mean/distill",
                   "reward/rl/arithmetic_exact", "distill/reverse_kl", "distill_loss"):
         self.assertIn(key, row)
-    shutil.copytree(os.path.join(first, "checkpoints", "2"),
-                    os.path.join(second, "checkpoints", "2"))
-    with open(os.path.join(second, "metrics.jsonl"), "w") as f:
-      f.writelines(json.dumps(r) + "\n" for r in rows[:2])
-    training.train(mixed_run_config(), second)
-    self.assertEqual(read_jsonl(second), rows)
+    resumed = resume_from_step_two(mixed_run_config(), first, second)
+    self.assertEqual([comparable(r) for r in resumed], [comparable(r) for r in rows])
 
   def test_the_cli_runs_the_mixed_preset(self):
     workdir = self.create_tempdir().full_path
