@@ -14,7 +14,7 @@ from jaxrl_llm import training
 from jaxrl_llm import config as config_lib
 from tests.training import async_configs
 from jaxrl_llm.training import guards
-from tests.training.loop_test import comparable, read_jsonl, resume_from_step_two
+from tests.training.run_logs import comparable, read_jsonl, resume_from_step_two
 from tests.training.reliability_test import ROOT, rows, steps_of, wait_for
 
 # Metrics of `async_configs.golden_config()` on 2 CPU devices, written by the trainer at

@@ -24,7 +24,8 @@ from safetensors.numpy import load_file
 from jaxrl_llm import assets, data, models, paths
 from tests import gcs_emulator
 from tests.training import reliability_test
-from tests.training.loop_test import comparable, read_tb_scalars
+from tests.training.loop_test import read_tb_scalars
+from tests.training.run_logs import comparable
 
 STEPS, EVERY, PAUSE = 8, 2, 4  # checkpoints at 2, 4 (killed while committing), 6, 8
 # A few `a+b=` problems, some with a carry: the warm start gets some of them right, so the

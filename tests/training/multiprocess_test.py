@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 from absl.testing import absltest
 
-from tests.training.loop_test import comparable
+from tests.training.run_logs import comparable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = textwrap.dedent("""

@@ -18,7 +18,7 @@ from absl.testing import absltest
 from safetensors.numpy import load_file
 
 from jaxrl_llm.training import guards
-from tests.training.loop_test import comparable
+from tests.training.run_logs import comparable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, EVERY = 10, 3  # checkpoints at steps 3, 6, 9 and 10

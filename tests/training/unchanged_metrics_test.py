@@ -13,7 +13,7 @@ import pytest
 from absl.testing import absltest, parameterized
 
 from jaxrl_llm import training
-from tests.training.loop_test import TIMING, read_jsonl
+from tests.training.run_logs import TIMING, read_jsonl
 
 RECORDED = os.path.join(os.path.dirname(__file__), "metrics_19b98b1.json")
 # name -> (preset, overrides of its `runlocal` variant): a critic, minibatches, SFT, dynamic
