@@ -19,6 +19,12 @@ Phases, each in its own process (torch and jax never share the device), each wit
               step, compiled memory
   train_big   the policy update of 64 prompts x G 8 x (128 + 256) tokens at micro-batch 128,
               without remat (out of memory on 2026-11-30): compiled and run once
+  longtail    the long-tail lengths of `bench/sampler.py --lengths=longtail` (90% of the
+              completions end between 16 and 64 tokens, 10% run to 512; 8 with TINY), same
+              prompts: the static and the continuous engine, useful tokens/s, KV memory, and
+              the fraction of the copy bandwidth the continuous engine's time implies
+              (weights once per decode step, every token's attention over its own prefix)
+  hf_longtail transformers `generate` on those lengths (EOS forced at each row's length)
 Each phase prints a RESULT line; the last lines are a summary. Results go to $OUT (default
 /tmp/gpu_out) as logs and JSON.
 """
@@ -43,7 +49,9 @@ ARCH = dict(vocab_size=600, hidden_size=64, intermediate_size=128, num_hidden_la
             vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
             num_attention_heads=16, num_key_value_heads=8, head_dim=128)
 LAYER_LOOP = os.environ.get("LAYER_LOOP", "auto")  # the sampler's (sampling.SamplingSettings)
-LIMITS = dict(make_model=90, hf=120, ours=120, train=240, train_big=150)  # 12 min in all
+LONG_NEW = 32 if TINY else 512
+LIMITS = dict(make_model=90, hf=90, ours=120, longtail=120, hf_longtail=60, train=240,
+              train_big=100)  # 13.7 min in all
 
 
 def prompts():
@@ -78,6 +86,21 @@ def make_model(path):
   emit("make_model", params=sum(p.numel() for p in model.parameters()), device=dev)
 
 
+def timed_generate(model, ids, dev, **kw) -> float:
+  """Seconds of one sampled `generate` call on `ids` (temperature 1, no truncation)."""
+  import torch
+  kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0,
+            use_cache=True, **kw)
+  with torch.inference_mode():
+    if dev == "cuda":
+      torch.cuda.synchronize()
+    t = time.perf_counter()
+    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
+    if dev == "cuda":
+      torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
 def hf(path):
   import torch
   import transformers
@@ -87,16 +110,7 @@ def hf(path):
   ids = torch.tensor([p for p in prompts() for _ in range(G)], device=dev)
 
   def call(n):
-    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n,
-              min_new_tokens=n, pad_token_id=0, eos_token_id=2, use_cache=True)
-    with torch.inference_mode():
-      if dev == "cuda":
-        torch.cuda.synchronize()
-      t = time.perf_counter()
-      model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
-      if dev == "cuda":
-        torch.cuda.synchronize()
-      return time.perf_counter() - t
+    return timed_generate(model, ids, dev, max_new_tokens=n, min_new_tokens=n, eos_token_id=2)
 
   call(4)
   times = [call(NEW) for _ in range(REPS)]
@@ -170,6 +184,72 @@ def ours(path):
        device=str(jax.devices()[0]))
 
 
+def longtail_budgets():
+  """Each completion's length, prompt-major: 10% run to LONG_NEW, the rest end early."""
+  import numpy as np
+  rng = np.random.RandomState(1)
+  short = rng.randint(4, 9, P * G) if TINY else rng.randint(16, 65, P * G)
+  return np.where(rng.rand(P * G) < 0.1, LONG_NEW, short).astype(np.int32)
+
+
+def longtail(path):
+  import jax
+  import numpy as np
+  from jaxrl_llm import models, sampling, sharding
+  mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  model = models.from_pretrained(path, dtype="bfloat16", mesh=mesh)
+  ps, budgets = prompts(), longtail_budgets()
+  useful = int(budgets.sum())
+  found = {}
+  for engine in ("static", "continuous"):
+    sampler = sampling.Sampler(sampling.SamplingSettings(
+        G, LONG_NEW, 1.0, layer_loop=LAYER_LOOP, engine=engine, slots=P * G // 4))
+    t = time.perf_counter()
+    jax.block_until_ready(sampler(model, ps, 0, budgets))
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    out = jax.block_until_ready(sampler(model, ps, 1, budgets))
+    total = time.perf_counter() - t
+    assert np.array_equal(np.asarray(out.lengths), budgets)
+    found[engine] = dict(total_s=total, first_call_s=first, tokens_per_s=useful / total,
+                         kv_bytes=sampler.kv_bytes(), steps=int(sampler.stats["steps"]),
+                         peak_pages=int(sampler.stats.get("peak_pages", 0)))
+  moved = decode_bytes(model.config, 1, 1, 0, 0)
+  per_slot = model.config.num_layers * 2 * model.config.num_kv_heads * model.config.head_dim * 2
+  kv_read = int(sum(PROMPT_LEN * n + n * (n - 1) // 2 for n in budgets)) * per_slot
+  c = found["continuous"]
+  bw = bandwidth(jax.devices()[0])
+  needed = c["steps"] * moved["weights"] + kv_read
+  emit("longtail", useful_tokens=useful, new=LONG_NEW, engines=found,
+       bandwidth_bytes_per_s=bw, continuous_bytes=needed,
+       continuous_bandwidth_fraction=needed / bw / c["total_s"], jax=jax.__version__,
+       device=str(jax.devices()[0]))
+
+
+def hf_longtail(path):
+  import torch
+  import transformers
+  dev = "cuda" if torch.cuda.is_available() else "cpu"
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      path, dtype=torch.bfloat16, attn_implementation="sdpa").to(dev).eval()
+  ids = torch.tensor([p for p in prompts() for _ in range(G)], device=dev)
+  budgets = torch.tensor(longtail_budgets(), device=dev)
+  eos = 2
+
+  class ForcedLengths(transformers.LogitsProcessor):
+    def __call__(self, input_ids, scores):
+      ends = budgets == input_ids.shape[1] - PROMPT_LEN + 1
+      scores[:, eos] = -float("inf")
+      scores[ends] = -float("inf")
+      scores[ends, eos] = 0.0
+      return scores
+
+  total = timed_generate(model, ids, dev, max_new_tokens=LONG_NEW, eos_token_id=eos,
+                         logits_processor=transformers.LogitsProcessorList([ForcedLengths()]))
+  useful = int(budgets.sum())
+  emit("hf_longtail", useful_tokens=useful, total_s=total, tokens_per_s=useful / total)
+
+
 def _run(phase, args, out_dir, env):
   log = os.path.join(out_dir, f"{phase}.log")
   t = time.perf_counter()
@@ -201,6 +281,8 @@ def main():
       "make_model": _run("make_model", me + ["make_model", model_dir], out_dir, env),
       "hf": _run("hf", me + ["hf", model_dir], out_dir, env),
       "ours": _run("ours", me + ["ours", model_dir], out_dir, env),
+      "longtail": _run("longtail", me + ["longtail", model_dir], out_dir, env),
+      "hf_longtail": _run("hf_longtail", me + ["hf_longtail", model_dir], out_dir, env),
       "train": _run("train", step, out_dir, env),
       "train_big": _run("train_big", step + ["--memory_only", "--run_update", "--micro_batch=128",
                                              "--prompts=64", "--new_tokens=256"], out_dir, env),
@@ -217,6 +299,18 @@ def main():
           f"(weights {moved['weights'] / 1e9:.2f}, prompt KV {moved['prompt_kv'] / 1e9:.2f}, "
           f"generated KV {moved['generated_kv'] / 1e9:.2f}); at the {o['bandwidth_bytes_per_s'] / 1e12:.2f}"
           f" TB/s measured copy rate that is {100 * o['bandwidth_fraction']:.0f}% of the limit")
+  lt, hl = results["longtail"], results["hf_longtail"]
+  if lt:
+    e = lt["engines"]
+    print(f"long tail ({lt['useful_tokens']} useful tokens, up to {lt['new']} new): static "
+          f"{e['static']['tokens_per_s']:.0f} tokens/s, continuous "
+          f"{e['continuous']['tokens_per_s']:.0f} ("
+          f"{e['continuous']['tokens_per_s'] / e['static']['tokens_per_s']:.2f}x static"
+          + (f", {e['continuous']['tokens_per_s'] / hl['tokens_per_s']:.2f}x generate's "
+             f"{hl['tokens_per_s']:.0f}" if hl else "")
+          + f"); KV {e['static']['kv_bytes'] / 2**30:.2f} / {e['continuous']['kv_bytes'] / 2**30:.2f}"
+          f" GiB; continuous at {100 * lt['continuous_bandwidth_fraction']:.0f}% of the copy "
+          "bandwidth limit")
   if t:
     print(f"train step {t['step_s']:.3f} s (sample {t['sample_s']:.3f}, log-probs "
           f"{t['logprob_s']:.3f}, update {t['update_s']:.3f}); MFU {100 * t['mfu']:.1f}%, update "
@@ -230,6 +324,7 @@ def main():
 
 if __name__ == "__main__":
   if len(sys.argv) > 1:
-    {"make_model": make_model, "hf": hf, "ours": ours}[sys.argv[1]](sys.argv[2])
+    {"make_model": make_model, "hf": hf, "ours": ours, "longtail": longtail,
+     "hf_longtail": hf_longtail}[sys.argv[1]](sys.argv[2])
   else:
     main()

@@ -89,6 +89,9 @@ def sampling_config() -> ConfigDict:
       "prompt_buckets": (32, 64, 128),  # prompts pad to the smallest bucket that fits
       "layer_loop": "auto",  # auto | scan | unrolled: how sampling runs the layers (sampling.py)
       "weight_layout": "tensor",  # tensor | replicated | training: weights while decoding
+      "engine": "auto",  # auto | static | continuous: README, "Sampling engines"
+      "slots": 0,  # continuous engine: decode slots (0 = half of the completions)
+      "page_size": 32,  # continuous engine: tokens per KV page
   })
 
 

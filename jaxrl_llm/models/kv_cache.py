@@ -7,6 +7,14 @@ scan (`write`), in place. (The sampler may split them into one dict of [B, K, Dh
 [B, K, S, Dh] buffers per layer for its unrolled decode on a CPU, `sampling.decode`;
 `write` and the attention read either.)
 
+Paged (the continuous sampler's cache, `sampling.continuous`). A pool of pages of Q token
+slots, {'pages_k': [L, NP, K, Dh, Q], 'pages_v': [L, NP, K, Q, Dh]} (the same layouts, a page
+in place of a row), and per decode slot a block table of page ids: a slot's sequence is the
+concatenation of its pages, so its memory follows its length, and the G samples of a prompt
+share the prompt's pages by naming them in their tables. What a step reads is located by a
+`PagedIndex` passed where a contiguous cache takes `cache_index`; its new keys and values
+are written by the caller after the step (`write`).
+
 Heads come before slots, so attention reads each (row, kv head) block contiguously with no
 transpose per step. Keys are stored slot-minor ([Dh, S]) so that queries times keys is a plain
 [G, Dh] x [Dh, S] matmul per (row, kv head): with slot-major keys the CPU matmul library
@@ -30,6 +38,7 @@ traffic by G, and the queries of the G rows of a prompt become one larger matmul
 """
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models.config import ModelConfig
@@ -57,6 +66,103 @@ def cache_shardings(cfg: ModelConfig, batch: int, length: int, mesh, rules) -> d
           "v": sh.named_sharding(V_AXES, shape["v"], mesh, rules)}
 
 
+PAGE_K_AXES = (sh.LAYERS, None, sh.KV_HEADS, sh.HEAD_DIM, None)
+PAGE_V_AXES = (sh.LAYERS, None, sh.KV_HEADS, None, sh.HEAD_DIM)
+
+
+@struct.dataclass
+class PagedIndex:
+  """What one decode step of M slots (one token each) reads of a paged cache.
+
+  The slots come in groups (`groups`, static (start, end) ranges over the M slots), each
+  reading its own number of pages: a caller that orders its slots by length makes every
+  group read about its own longest sequence instead of the batch's.
+
+  Attributes:
+    block_table: int32 [M, PP], the pages of each slot's sequence in order.
+    read_branch: int32 [len(groups)], which entry of `read_pages` each group reads.
+    read_pages: (static) the numbers of leading block-table pages a read may cover,
+      increasing; a group reads the smallest that holds its longest live slot.
+    groups: (static) the slot ranges that read together.
+  """
+  block_table: jax.Array
+  read_branch: jax.Array
+  read_pages: tuple[int, ...] = struct.field(pytree_node=False, default=())
+  groups: tuple[tuple[int, int], ...] = struct.field(pytree_node=False, default=())
+
+
+def page_shapes(cfg: ModelConfig, num_pages: int, page_size: int) -> dict[str, tuple[int, ...]]:
+  """Shapes of a stacked page pool: keys [L, NP, K, Dh, Q], values [L, NP, K, Q, Dh]."""
+  L, K, Dh = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+  return {"pages_k": (L, num_pages, K, Dh, page_size),
+          "pages_v": (L, num_pages, K, page_size, Dh)}
+
+
+def init_pages(cfg: ModelConfig, num_pages: int, page_size: int, dtype=None) -> dict:
+  """Zeros for a stacked page pool (dtype: the compute dtype)."""
+  dtype = dtype or cfg.jnp_dtype
+  return {name: jnp.zeros(shape, dtype)
+          for name, shape in page_shapes(cfg, num_pages, page_size).items()}
+
+
+def page_shardings(cfg: ModelConfig, num_pages: int, page_size: int, mesh, rules,
+                   sharded: bool = False) -> dict:
+  """NamedShardings of a stacked page pool on `mesh`: KV heads over `tensor`, and with
+  `sharded` the pages over the batch axes (one part of the pool per data shard's engine)."""
+  shape = page_shapes(cfg, num_pages, page_size)
+  page = (sh.BATCH,) if sharded else (None,)
+  k_axes, v_axes = (a[:1] + page + a[2:] for a in (PAGE_K_AXES, PAGE_V_AXES))
+  return {"pages_k": sh.named_sharding(k_axes, shape["pages_k"], mesh, rules),
+          "pages_v": sh.named_sharding(v_axes, shape["pages_v"], mesh, rules)}
+
+
+def as_pages(cache, page_size: int):
+  """A contiguous cache of P rows x S slots (S a multiple of Q) as P * S/Q pages, row-major:
+  row p's slots [j*Q, (j+1)*Q) become page p * S/Q + j."""
+  if isinstance(cache, tuple):
+    return tuple(as_pages(layer, page_size) for layer in cache)
+  k, v = cache["k"], cache["v"]  # [..., P, K, Dh, S], [..., P, K, S, Dh]
+  *lead, P, K, Dh, S = k.shape
+  n, Q, m = S // page_size, page_size, len(lead)
+  k = k.reshape(*lead, P, K, Dh, n, Q)
+  k = jnp.moveaxis(k, m + 3, m + 1).reshape(*lead, P * n, K, Dh, Q)
+  v = v.reshape(*lead, P, K, n, Q, Dh)
+  v = jnp.moveaxis(v, m + 2, m + 1).reshape(*lead, P * n, K, Q, Dh)
+  return {"pages_k": k, "pages_v": v}
+
+
+def put_pages(pool, pages, first: int = 0):
+  """`pool` with `pages` (as made by `as_pages`) written at page ids [first, first + n)."""
+  if isinstance(pool, tuple):
+    return tuple(put_pages(a, b, first) for a, b in zip(pool, pages))
+  lead = pool["pages_k"].ndim - 4
+  at = lambda x: (0,) * lead + (first, 0, 0, 0)
+  return {name: jax.lax.dynamic_update_slice(pool[name], pages[name].astype(pool[name].dtype),
+                                             at(pool[name]))
+          for name in ("pages_k", "pages_v")}
+
+
+def write_pages(pool, k_new: jax.Array, v_new: jax.Array, page, offset):
+  """`pool` (stacked [L, ...], or one dict per layer) with each slot's new key and value
+  ([L, M, K, 1, Dh], or one pair per layer) written at its page and offset ([M])."""
+  if isinstance(pool, tuple):
+    return tuple(write_pages(layer, k, v, page, offset)
+                 for layer, k, v in zip(pool, k_new, v_new))
+  if k_new.ndim == 5:  # stacked over layers
+    return jax.vmap(write_pages, in_axes=(0, 0, 0, None, None))(pool, k_new, v_new, page, offset)
+  pages_k = pool["pages_k"].at[page, :, :, offset].set(k_new[:, :, 0].astype(pool["pages_k"].dtype))
+  pages_v = pool["pages_v"].at[page, :, offset, :].set(v_new[:, :, 0].astype(pool["pages_v"].dtype))
+  return {"pages_k": pages_k, "pages_v": pages_v}
+
+
+def pending(cache):
+  """The new keys and values a paged forward left for `write_pages`: (k, v), stacked, or
+  one tuple each over layers."""
+  if isinstance(cache, tuple):
+    return tuple(layer["new_k"] for layer in cache), tuple(layer["new_v"] for layer in cache)
+  return cache["new_k"], cache["new_v"]
+
+
 def with_shared_prefix(prefix_cache, cache):
   """A decode cache that reads `prefix_cache` (P rows) under `cache` (B = P*G rows)."""
   if isinstance(cache, tuple):
@@ -79,8 +185,15 @@ def write(cache: dict, k_new: jax.Array, v_new: jax.Array, cache_index) -> dict:
   """Writes T new keys and values [..., B, K, T, Dh] at slots [cache_index, cache_index + T).
 
   The leading dims are the cache's: [L] for a stacked cache (all layers at once, after the
-  scan), none for one layer's buffers.
+  scan), none for one layer's buffers. A paged cache takes a `PagedIndex` as `cache_index`:
+  its pages stay as they are (a decode step may run under a `lax.switch`, which would copy
+  a pool it wrote), the new keys and values are kept beside them for attention to read,
+  and the caller writes them afterwards (`pending`, `write_pages`).
   """
+  if isinstance(cache_index, PagedIndex):  # kept beside the pages, written by `write_pages`
+    if k_new.shape[-2] != 1:
+      raise ValueError(f"a paged cache takes one new token per slot, got {k_new.shape[-2]}")
+    return dict(cache, new_k=k_new, new_v=v_new)
   index = cache_index - _prefix_len(cache)  # prefix slots are never written
   lead = (0,) * (k_new.ndim - 2)
   k_new = jnp.swapaxes(k_new, -1, -2).astype(cache["k"].dtype)  # keys are stored [Dh, S]

@@ -249,7 +249,9 @@ class Transformer(nn.Module):
     x_BTD = self.embed_tokens(tokens_BT)
     if rope is None:
       rope = rope_tables(positions_BT, self.cfg)  # shared by all layers
-    x_BTD, new_kv = self.layers(x_BTD, cache, rope, kv_mask_BS, jnp.asarray(cache_index))
+    if not isinstance(cache_index, kv_cache.PagedIndex):
+      cache_index = jnp.asarray(cache_index)
+    x_BTD, new_kv = self.layers(x_BTD, cache, rope, kv_mask_BS, cache_index)
     new_cache = None if cache is None else kv_cache.write(cache, *new_kv, cache_index)
     x_BTD = self.normalize(x_BTD)
     if return_hidden:

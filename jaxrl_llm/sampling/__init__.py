@@ -24,19 +24,31 @@ recomputes from the policy (same temperature, no truncation), so the importance 
 of an on-policy batch is exactly 1 up to numerics. With temperature 0 (greedy) it is
 `log_softmax(logits)`.
 
-Modules: `settings` (what a program is specialised on), `choose` (the token draw),
-`decode` (per-platform tuning of the decode loop: the one place that asks where it runs),
-`sampler` (the program, `Sampler`, `generate`).
+Two engines run that contract (`SamplingSettings.engine`): the static one above, and
+`continuous`: a fixed number of decode slots over a paged KV cache, a slot taking the next
+completion as soon as its own ends, so that a long tail of lengths does not keep every row
+decoding. Every completion (request r = p*G + g) draws its tokens from its own keys,
+fold_in(fold_in(key, r), t) for its column t, so both engines give a request the same
+completion for the same key. `Sampler(...)(model, prompts, seed, budgets)` also takes a
+per-completion budget of new tokens.
+
+Modules: `settings` (what a program is specialised on), `choose` (the token draw and its
+keys), `decode` (per-platform tuning of the decode loop, the one place that asks where it
+runs, and the parts of a program: decode weights, prefill), `output` (`SampleOutput`),
+`sampler` (the static program, `Sampler`, `generate`), `continuous` (the continuous program).
 """
-from jaxrl_llm.sampling.choose import choose_tokens, gumbel_noise
+from jaxrl_llm.sampling import continuous
+from jaxrl_llm.sampling.choose import choose_tokens, gumbel_noise, request_keys, token_keys
 from jaxrl_llm.sampling.decode import (DECODE_TUNING, DecodeTuning, decode_weight_shardings,
                                        unrolls_layers)
 from jaxrl_llm.sampling.sampler import (DEFAULT_BUCKETS, GENERATE_CACHE_SIZE, SampleOutput,
                                         Sampler, bucket_length, free_generate_cache, generate,
                                         left_pad)
-from jaxrl_llm.sampling.settings import LAYER_LOOPS, WEIGHT_LAYOUTS, SamplingSettings
+from jaxrl_llm.sampling.settings import (CONTINUOUS_FROM_NEW_TOKENS, ENGINES, LAYER_LOOPS,
+                                         WEIGHT_LAYOUTS, SamplingSettings)
 
-__all__ = ["DECODE_TUNING", "DEFAULT_BUCKETS", "DecodeTuning", "GENERATE_CACHE_SIZE",
-           "LAYER_LOOPS", "SampleOutput", "Sampler", "SamplingSettings", "WEIGHT_LAYOUTS",
-           "bucket_length", "choose_tokens", "decode_weight_shardings", "free_generate_cache",
-           "generate", "gumbel_noise", "left_pad", "unrolls_layers"]
+__all__ = ["CONTINUOUS_FROM_NEW_TOKENS", "DECODE_TUNING", "DEFAULT_BUCKETS", "DecodeTuning",
+           "ENGINES", "GENERATE_CACHE_SIZE", "LAYER_LOOPS", "SampleOutput", "Sampler",
+           "SamplingSettings", "WEIGHT_LAYOUTS", "bucket_length", "choose_tokens", "continuous",
+           "decode_weight_shardings", "free_generate_cache", "generate", "gumbel_noise",
+           "left_pad", "request_keys", "token_keys", "unrolls_layers"]

@@ -1,5 +1,12 @@
 """The token choice of a decode step: an exact draw from the tempered softmax, after
-top-k / top-p, with the behaviour log-prob of the chosen token."""
+top-k / top-p, with the behaviour log-prob of the chosen token.
+
+Every request (one completion: row b = p*G + g of a call) draws from its own keys: the
+token of its column t uses `token_keys(request_keys(key, R), t)`, that is
+fold_in(fold_in(key, request), t). What a request samples therefore depends only on the
+call's key, its index and its own tokens, not on which rows run beside it or when it
+starts: the static and the continuous engines give a request the same completion.
+"""
 from __future__ import annotations
 
 import jax
@@ -36,6 +43,17 @@ def gumbel_noise(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   return -jnp.log(-jnp.log1p(-v))
 
 
+def request_keys(key: jax.Array, num_requests: int, first=0) -> jax.Array:
+  """One key per request: fold_in(key, r) for r in [first, first + num_requests)."""
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, first + jnp.arange(num_requests))
+
+
+def token_keys(keys_B: jax.Array, t) -> jax.Array:
+  """The keys of column t (an int or one per row) of the requests whose keys are `keys_B`."""
+  t_B = jnp.broadcast_to(jnp.asarray(t, jnp.int32), keys_B.shape[:1])
+  return jax.vmap(jax.random.fold_in)(keys_B, t_B)
+
+
 def _argmax_rows(x_BV: jax.Array) -> jax.Array:
   """argmax over the last axis (first index of the maximum) as two one-operand reductions
   (an argmax is a two-operand reduce, slow on a CPU)."""
@@ -44,14 +62,14 @@ def _argmax_rows(x_BV: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(x_BV == top_B1, vocab_V, x_BV.shape[-1]), axis=-1)
 
 
-def choose_tokens(logits_BV: jax.Array, key: jax.Array, s: SamplingSettings):
+def choose_tokens(logits_BV: jax.Array, keys_B: jax.Array, s: SamplingSettings):
   """Samples one token per row; returns (token int32 [B], behaviour log-prob float32 [B]).
 
   Gumbel-max: the token is argmax(logits / T + g) with independent Gumbel noise g per row
   and token (`gumbel_noise`), an exact draw from softmax(logits / T) after top-k / top-p,
   at any vocabulary size: no cumulative sum whose float32 rounding (about 1e-5 absolute
-  over 150k tokens) would misplace the tokens near its top. `key`: this step's key (unused
-  when greedy).
+  over 150k tokens) would misplace the tokens near its top. `keys_B`: each row's key for
+  this token (`token_keys`; unused when greedy).
   """
   logits_BV = logits_BV.astype(jnp.float32)
   if s.temperature == 0:
@@ -60,7 +78,15 @@ def choose_tokens(logits_BV: jax.Array, key: jax.Array, s: SamplingSettings):
   else:
     scaled_BV = logits_BV / s.temperature
     logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)  # before truncation: see module doc
-    noisy_BV = _truncate(scaled_BV, s.top_k, s.top_p) + gumbel_noise(key, scaled_BV.shape)
+    noise_BV = jax.vmap(gumbel_noise, in_axes=(0, None))(keys_B, scaled_BV.shape[-1:])
+    noisy_BV = _truncate(scaled_BV, s.top_k, s.top_p) + noise_BV
     token_B = _argmax_rows(noisy_BV)
   logp_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
   return token_B.astype(jnp.int32), logp_B
+
+
+def is_eos(token_B, s: SamplingSettings):
+  """Whether each token ends its completion."""
+  if not s.eos_ids:
+    return jnp.zeros(token_B.shape, bool)
+  return jnp.isin(token_B, jnp.asarray(s.eos_ids, jnp.int32))

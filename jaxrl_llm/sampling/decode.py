@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import models, platform
-from jaxrl_llm.models import transformer
+from jaxrl_llm.models import kv_cache, transformer
 from jaxrl_llm.sampling.settings import SamplingSettings
 
 
@@ -91,7 +91,8 @@ def unstack_layers(model: models.Model) -> models.Model:
 
 def per_layer(cache: dict) -> tuple[dict, ...]:
   """A stacked cache (`kv_cache`) as one dict of buffers per layer."""
-  return tuple({name: x[i] for name, x in cache.items()} for i in range(cache["k"].shape[0]))
+  layers = next(iter(cache.values())).shape[0]
+  return tuple({name: x[i] for name, x in cache.items()} for i in range(layers))
 
 
 def per_layer_shardings(stacked: dict, num_layers: int) -> tuple[dict, ...]:
@@ -119,3 +120,34 @@ def forward(model: models.Model, tokens_BT, positions_BT, kv_mask_BS, cache, cac
   x_BTD = apply(transformer.Transformer.normalize, x_BTD)
   out = x_BTD if return_hidden else apply(transformer.Transformer.unembed, x_BTD)
   return out, tuple(new_cache)
+
+
+# --- the parts of a sampling program -----------------------------------------------------------
+def decode_model(model: models.Model, s: SamplingSettings, unrolled: bool):
+  """The model as the decode loop reads it, made once per call, not once per token: the
+  weights in the compute dtype, in the decode layout (`SamplingSettings.weight_layout`: no
+  all-gather inside the loop), unstacked if unrolled. Returns (model, tuning)."""
+  dt = model.config.jnp_dtype
+  params = jax.tree.map(lambda p: p.astype(dt) if jnp.issubdtype(p.dtype, jnp.floating) else p,
+                        model.params)
+  decode_shardings = decode_weight_shardings(model, s.weight_layout)
+  if decode_shardings is not None:
+    params = jax.lax.with_sharding_constraint(params, decode_shardings)
+  model = model.replace(params=params)
+  if unrolled:
+    model = unstack_layers(model)
+  return model, tuning(model)
+
+
+def prefill(model: models.Model, tokens_PS, mask_PS, tune, unrolled: bool):
+  """Each prompt once: (its KV cache [P rows x S0 slots], the logits after its last token
+  [P, V], its positions [P, S0])."""
+  P, S0 = tokens_PS.shape
+  positions_PS = models.positions_from_mask(mask_PS)
+  prompt_cache = kv_cache.init_cache(model.config, P, S0, model.config.jnp_dtype)
+  if unrolled:
+    prompt_cache = per_layer(prompt_cache)
+  hidden_PSD, prompt_cache = forward(model, tokens_PS, positions_PS, mask_PS, prompt_cache,
+                                            0, tune=tune, return_hidden=True)
+  logits_PV = models.unembed(model, hidden_PSD[:, -1:])[:, 0]  # only the last prompt token's
+  return prompt_cache, logits_PV, positions_PS

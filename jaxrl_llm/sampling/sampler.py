@@ -12,28 +12,12 @@ from flax import struct
 from jaxrl_llm import distributed, models
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models import kv_cache
-from jaxrl_llm.sampling import choose, decode
+from jaxrl_llm.sampling import choose, continuous, decode
+from jaxrl_llm.sampling import output
+from jaxrl_llm.sampling.output import SampleOutput
 from jaxrl_llm.sampling.settings import SamplingSettings
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-
-
-@struct.dataclass
-class SampleOutput:
-  """Completions of B = P*G rows, prompt-major (the G samples of prompt 0 come first).
-
-  Attributes:
-    tokens: int32 [B, N], `pad_id` after the end.
-    mask: int32 [B, N], 1 on generated tokens up to and including EOS.
-    logprobs: float32 [B, N], behaviour log-probs (0 where mask is 0).
-    lengths: int32 [B], number of generated tokens (EOS included).
-    truncated: bool [B], True when N tokens were generated without an EOS.
-  """
-  tokens: jax.Array
-  mask: jax.Array
-  logprobs: jax.Array
-  lengths: jax.Array
-  truncated: jax.Array
 
 
 def bucket_length(length: int, buckets: Sequence[int]) -> int:
@@ -69,64 +53,50 @@ class _LoopState:
   cache: tuple
 
 
-def _record(st: _LoopState, token_B, logp_B, s: SamplingSettings) -> _LoopState:
+def _record(st: _LoopState, token_B, logp_B, budget_B, s: SamplingSettings) -> _LoopState:
   """Writes column t (for rows still running) and advances t."""
-  live_B = ~st.done_B
+  live_B = ~st.done_B & (st.lengths_B < budget_B)
   col = jnp.where(live_B, token_B, s.pad_id)
   tokens_BN = jax.lax.dynamic_update_slice(st.tokens_BN, col[:, None], (0, st.t))
   logprobs_BN = jax.lax.dynamic_update_slice(
       st.logprobs_BN, jnp.where(live_B, logp_B, 0.0)[:, None], (0, st.t))
-  is_eos_B = jnp.isin(token_B, jnp.asarray(s.eos_ids, jnp.int32)) if s.eos_ids else jnp.zeros_like(live_B)
-  return st.replace(t=st.t + 1, token_B=token_B, done_B=st.done_B | is_eos_B,
+  return st.replace(t=st.t + 1, token_B=token_B, done_B=st.done_B | (live_B & choose.is_eos(token_B, s)),
                     tokens_BN=tokens_BN, logprobs_BN=logprobs_BN,
                     lengths_B=st.lengths_B + live_B.astype(jnp.int32))
 
 
-def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, key, s: SamplingSettings):
+def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, budget_B, key,
+                    s: SamplingSettings):
   P, S0 = tokens_PS.shape
   G, N = s.num_samples, s.max_new_tokens
   B = P * G
   S = S0 + N
-
-  # Once per call, not once per token: the weights in the compute dtype, in the decode layout
-  # (`SamplingSettings.weight_layout`: no all-gather inside the loop), unstacked if unrolled.
-  dt = model.config.jnp_dtype
   unrolled = isinstance(cache, tuple)
-  params = jax.tree.map(lambda p: p.astype(dt) if jnp.issubdtype(p.dtype, jnp.floating) else p,
-                        model.params)
-  decode_shardings = decode.decode_weight_shardings(model, s.weight_layout)
-  if decode_shardings is not None:
-    params = jax.lax.with_sharding_constraint(params, decode_shardings)
-  model = model.replace(params=params)
-  tune = decode.tuning(model)
-  if unrolled:
-    model = decode.unstack_layers(model)
+  model, tune = decode.decode_model(model, s, unrolled)
 
   # Prefill: each prompt once, into a cache its G samples then share as their prefix.
-  positions_PS = models.positions_from_mask(mask_PS)
-  prompt_cache = kv_cache.init_cache(model.config, P, S0, dt)
-  if unrolled:
-    prompt_cache = decode.per_layer(prompt_cache)
-  hidden_PSD, prompt_cache = decode.forward(model, tokens_PS, positions_PS, mask_PS, prompt_cache,
-                                            0, tune=tune, return_hidden=True)
-  logits_PV = models.unembed(model, hidden_PSD[:, -1:])[:, 0]  # only the last prompt token's
+  prompt_cache, logits_PV, positions_PS = decode.prefill(model, tokens_PS, mask_PS, tune, unrolled)
   if model.mesh is not None:
-    cache = jax.lax.with_sharding_constraint(cache, _cache_shardings(model, B, N, unrolled))
+    own = kv_cache.shapes(model.config, B, N)
+    cache = jax.lax.with_sharding_constraint(cache, _cache_shardings(model, own, unrolled))
   cache = kv_cache.with_shared_prefix(prompt_cache, cache)
   kv_mask_BS = jnp.zeros((B, S), jnp.int32).at[:, :S0].set(jnp.repeat(mask_PS, G, axis=0))
   next_position_B = jnp.repeat(positions_PS[:, -1] + 1, G)
 
-  # Column t's noise comes from fold_in(key, t): threefry counts per entry, so XLA fuses the
-  # draw into the token choice, and rows split over devices draw only their own entries.
-  token_B, logp_B = choose.choose_tokens(jnp.repeat(logits_PV, G, axis=0), jax.random.fold_in(key, 0), s)
+  # Row b is request b: its column t draws from fold_in(fold_in(key, b), t) (`choose`), as in
+  # the continuous engine. Threefry counts per entry, so XLA fuses the draw into the token
+  # choice, and rows split over devices draw only their own entries.
+  keys_B = choose.request_keys(key, B)
+  token_B, logp_B = choose.choose_tokens(jnp.repeat(logits_PV, G, axis=0),
+                                         choose.token_keys(keys_B, 0), s)
   st = _LoopState(t=jnp.int32(0), token_B=token_B, done_B=jnp.zeros((B,), bool),
                   tokens_BN=jnp.full((B, N), s.pad_id, jnp.int32),
                   logprobs_BN=jnp.zeros((B, N), jnp.float32), lengths_B=jnp.zeros((B,), jnp.int32),
                   kv_mask_BS=kv_mask_BS, cache=cache)
-  st = _record(st, token_B, logp_B, s)
+  st = _record(st, token_B, logp_B, budget_B, s)
 
   def cond(st):
-    return (st.t < N) & ~jnp.all(st.done_B)
+    return (st.t < N) & ~jnp.all(st.done_B | (st.lengths_B >= budget_B))
 
   def step(st):  # feed the token of column t - 1, choose the token of column t
     slot = S0 + st.t - 1
@@ -134,14 +104,13 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, key, s: Samp
     positions_B1 = (next_position_B + st.t - 1)[:, None]
     logits_B1V, cache = decode.forward(model, st.token_B[:, None], positions_B1, kv_mask_BS,
                                        st.cache, slot, tune=tune)
-    token_B, logp_B = choose.choose_tokens(logits_B1V[:, 0], jax.random.fold_in(key, st.t), s)
-    return _record(st.replace(kv_mask_BS=kv_mask_BS, cache=cache), token_B, logp_B, s)
+    token_B, logp_B = choose.choose_tokens(logits_B1V[:, 0], choose.token_keys(keys_B, st.t), s)
+    return _record(st.replace(kv_mask_BS=kv_mask_BS, cache=cache), token_B, logp_B, budget_B, s)
 
   st = jax.lax.while_loop(cond, step, st)
-  mask_BN = (jnp.arange(N)[None, :] < st.lengths_B[:, None]).astype(jnp.int32)
-  out = SampleOutput(tokens=st.tokens_BN, mask=mask_BN, logprobs=st.logprobs_BN,
-                     lengths=st.lengths_B, truncated=(st.lengths_B == N) & ~st.done_B)
-  return out, kv_cache.own_part(st.cache)
+  out = output.from_lengths(st.tokens_BN, st.logprobs_BN, st.lengths_B, st.done_B)
+  prefix_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(prompt_cache))
+  return out, kv_cache.own_part(st.cache), {"steps": st.t, "prefix_bytes": prefix_bytes}
 
 
 class Sampler:
@@ -150,39 +119,56 @@ class Sampler:
   def __init__(self, settings: SamplingSettings, buckets: Sequence[int] = DEFAULT_BUCKETS):
     self.settings = settings
     self.buckets = tuple(sorted(buckets))
-    self._program = jax.jit(functools.partial(_sample_program, s=settings), donate_argnums=(1,),
+    self.engine = settings.resolved_engine()
+    program = _sample_program if self.engine == "static" else continuous.continuous_program
+    self._program = jax.jit(functools.partial(program, s=settings), donate_argnums=(1,),
                             compiler_options=models.COMPILER_OPTIONS)
     self._cache = None
+    self.stats = {}
 
   def num_compilations(self) -> int:
     return self._program._cache_size()
 
   @property
   def cache(self):
-    """The rows' KV buffers kept for the next call (None before the first call or after
-    `free`): B x (max_new_tokens) slots per layer, sharded over the batch and KV heads."""
+    """The KV buffers kept for the next call (None before the first call or after `free`):
+    static, B x (max_new_tokens) slots per layer, sharded over the batch and KV heads;
+    continuous, the page pool (`continuous.pool_pages` pages per layer)."""
     return self._cache
 
   def free(self) -> None:
     """Drops the kept KV buffers (the next call allocates them again)."""
     self._cache = None
 
-  def __call__(self, model: models.Model, prompts: Sequence[Sequence[int]], seed) -> SampleOutput:
+  def __call__(self, model: models.Model, prompts: Sequence[Sequence[int]], seed,
+               budgets: Sequence[int] | None = None) -> SampleOutput:
     """Samples the prompts; returns global arrays (rows prompt-major).
 
     With several processes, `prompts` are this process's prompts: the batch is every
     process's prompts in process order, all padded to one bucket, and `model` must be
     on a mesh. `sample_local` returns just this process's rows on the host.
+    `budgets`: the most new tokens of each of this process's rows (prompt-major, each in
+    [1, max_new_tokens]; default max_new_tokens): a completion that reaches its budget
+    without an EOS ends there, truncated.
     """
-    out, self._cache = self._program(*self._arguments(model, prompts, seed))
+    out, self._cache, self.stats = self._program(*self._arguments(model, prompts, seed,
+                                                                  budgets))
     return out
+
+  def kv_bytes(self) -> int:
+    """Bytes of the KV buffers the last call used: the kept buffers (rows' own slots, or the
+    page pool with the prompts' pages) and, for the static engine, the prompts' prefix."""
+    if self._cache is None:
+      return 0
+    kept = sum(x.nbytes for x in jax.tree.leaves(self._cache))
+    return kept + int(self.stats.get("prefix_bytes", 0))
 
   def lower(self, model: models.Model, prompts: Sequence[Sequence[int]], seed=0):
     """The sampling program for these arguments, lowered (`.compile().as_text()` shows it)."""
-    return self._program.lower(*self._arguments(model, prompts, seed))
+    return self._program.lower(*self._arguments(model, prompts, seed, None))
 
-  def _arguments(self, model, prompts, seed):
-    """Checks the prompts; returns the program's (model, cache, tokens, mask, key)."""
+  def _arguments(self, model, prompts, seed, budgets):
+    """Checks the prompts; returns the program's (model, cache, tokens, mask, budgets, key)."""
     if not len(prompts):
       raise ValueError("prompts is empty: expected a list of token-id lists")
     if min(len(p) for p in prompts) == 0:
@@ -194,43 +180,74 @@ class Sampler:
     s = self.settings
     # Every process pads to the same bucket: the longest prompt of any process decides.
     longest = distributed.max_int(max(len(p) for p in prompts))
-    tokens, mask = left_pad(prompts, bucket_length(longest, self.buckets), s.pad_id)
+    length = bucket_length(longest, self.buckets)
+    if self.engine == "continuous":  # whole pages
+      length = -(-length // s.page_size) * s.page_size
+    tokens, mask = left_pad(prompts, length, s.pad_id)
     if tokens.max() >= model.config.vocab_size or tokens.min() < 0:
       raise ValueError(f"prompt token ids must lie in [0, {model.config.vocab_size}); got "
                        f"[{tokens.min()}, {tokens.max()}]")
-    B, N = len(prompts) * jax.process_count() * s.num_samples, s.max_new_tokens
+    P = len(prompts) * jax.process_count()
+    B, N = P * s.num_samples, s.max_new_tokens
     unrolled = decode.unrolls_layers(s, model)
-    want = kv_cache.shapes(model.config, B, N)
+    shards = 1
+    if self.engine == "static":
+      want = kv_cache.shapes(model.config, B, N)
+    else:
+      shards = continuous.batch_shards(model, P)[1]
+      want = kv_cache.page_shapes(model.config, continuous.pool_pages(P, length, s, shards),
+                                  s.page_size)
     if unrolled:
       want = tuple({k: v[1:] for k, v in want.items()} for _ in range(model.config.num_layers))
     if self._cache is None or jax.tree.map(lambda x: x.shape, self._cache) != want:
-      self._cache = self._new_cache(model, B, N, unrolled)
+      self._cache = None  # freed before the new buffers are made
+      self._cache = self._new_cache(model, want, unrolled, shards)
+    rows = len(prompts) * s.num_samples
+    budget = np.full((rows,), N, np.int32) if budgets is None else np.asarray(budgets, np.int32)
+    if budget.shape != (rows,) or budget.min() < 1 or budget.max() > N:
+      raise ValueError(f"budgets: expected {rows} ints (prompts x num_samples) in [1, {N}], "
+                       f"got shape {budget.shape} with values in "
+                       f"[{budget.min(initial=0)}, {budget.max(initial=0)}]")
     if model.mesh is not None:
       tokens, mask = (sh.put_process_rows(x, (sh.BATCH, sh.SEQ), model.mesh, model.rules)
                       for x in (tokens, mask))
+      budget = sh.put_process_rows(budget, (sh.BATCH,), model.mesh, model.rules)
     key = seed if isinstance(seed, jax.Array) else jax.random.key(seed)
     if multi:  # the same key on every process, as one replicated global array
       key = _replicated_key(key, model.mesh)
-    return model, self._cache, tokens, mask, key
+    return model, self._cache, tokens, mask, budget, key
 
   def sample_local(self, model: models.Model, prompts: Sequence[Sequence[int]],
                    seed) -> SampleOutput:
     """`self(...)`, as numpy on the host: this process's rows only (all of them with one)."""
     return distributed.local_rows(self(model, prompts, seed))
 
-  def _new_cache(self, model, B, S, unrolled: bool):
-    make = lambda: kv_cache.init_cache(model.config, B, S)
+  def _new_cache(self, model, shapes, unrolled: bool, shards: int):
+    """Zeros of `shapes` (stacked, or one dict per layer) where the program wants them."""
+    stacked = shapes[0] if unrolled else shapes
     if unrolled:
-      make = lambda: decode.per_layer(kv_cache.init_cache(model.config, B, S))
+      stacked = {k: (model.config.num_layers,) + v for k, v in stacked.items()}
+    dt = model.config.jnp_dtype
+    make = lambda: {k: jnp.zeros(v, dt) for k, v in stacked.items()}
+    if unrolled:
+      make = lambda: decode.per_layer({k: jnp.zeros(v, dt) for k, v in stacked.items()})
     if model.mesh is None:
       return make()
-    return jax.jit(make, out_shardings=_cache_shardings(model, B, S, unrolled))()
+    return jax.jit(make, out_shardings=_cache_shardings(model, stacked, unrolled, shards))()
 
 
-def _cache_shardings(model: models.Model, B: int, S: int, unrolled: bool):
-  """Where the rows' own cache lives: stacked, or one dict per layer."""
-  stacked = kv_cache.cache_shardings(model.config, B, S, model.mesh, model.rules)
-  return decode.per_layer_shardings(stacked, model.config.num_layers) if unrolled else stacked
+def _cache_shardings(model: models.Model, stacked: dict, unrolled: bool, shards: int = 1):
+  """Where the kept KV buffers live (shapes `stacked`): stacked, or one dict per layer
+  (`shards`: the continuous engines whose parts of the page pool lie on their own devices)."""
+  cfg = model.config
+  if "k" in stacked:  # the rows' own buffers: [L, B, K, Dh, N]
+    shardings = kv_cache.cache_shardings(cfg, stacked["k"][1], stacked["k"][-1], model.mesh,
+                                         model.rules)
+  else:  # the page pool: split over the data shards' engines, if any
+    _, pages, _, _, Q = stacked["pages_k"]
+    shardings = kv_cache.page_shardings(cfg, pages, Q, model.mesh, model.rules,
+                                        sharded=shards > 1)
+  return decode.per_layer_shardings(shardings, cfg.num_layers) if unrolled else shardings
 
 
 def _replicated_key(key: jax.Array, mesh) -> jax.Array:
@@ -257,7 +274,8 @@ def free_generate_cache() -> None:
 def generate(model: models.Model, prompts: Sequence[Sequence[int]], num_samples: int,
              max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              eos_ids: Sequence[int] = (), seed: int | jax.Array = 0, pad_id: int = 0,
-             layer_loop: str = "auto", weight_layout: str = "tensor") -> SampleOutput:
+             layer_loop: str = "auto", weight_layout: str = "tensor", engine: str = "auto",
+             slots: int = 0, page_size: int = 32) -> SampleOutput:
   """Samples `num_samples` completions of every prompt.
 
   Args:
@@ -273,6 +291,10 @@ def generate(model: models.Model, prompts: Sequence[Sequence[int]], num_samples:
     pad_id: the token written after the end.
     layer_loop: 'auto', 'scan' or 'unrolled' (see `SamplingSettings`).
     weight_layout: 'tensor', 'replicated' or 'training' (see `SamplingSettings`).
+    engine: 'auto', 'static' or 'continuous'; slots, page_size: the continuous engine's
+      decode slots (0: half of the P*G requests) and KV page size (see
+      `SamplingSettings`). Every engine returns the same completion for the same request
+      and seed (up to float rounding of near ties).
   Returns:
     `SampleOutput` with rows prompt-major: the G samples of prompt 0 come first.
 
@@ -283,5 +305,5 @@ def generate(model: models.Model, prompts: Sequence[Sequence[int]], num_samples:
   """
   settings = SamplingSettings(num_samples, max_new_tokens, float(temperature), int(top_k),
                               float(top_p), tuple(int(e) for e in eos_ids), int(pad_id),
-                              layer_loop, weight_layout)
+                              layer_loop, weight_layout, engine, int(slots), int(page_size))
   return _sampler(settings)(model, prompts, seed)

@@ -5,6 +5,11 @@ import dataclasses
 
 LAYER_LOOPS = ("auto", "scan", "unrolled")
 WEIGHT_LAYOUTS = ("tensor", "replicated", "training")
+ENGINES = ("auto", "static", "continuous")
+# 'auto' runs the continuous engine from this many new tokens per completion: below it, the
+# static batch's simpler step is faster on every length distribution measured (README,
+# "Sampling engines").
+CONTINUOUS_FROM_NEW_TOKENS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +28,13 @@ class SamplingSettings:
   for every token. So once per call, before the decode loop, 'tensor' gathers the fsdp
   shards and keeps the tensor-parallel split (the default), 'replicated' gathers both, and
   'training' leaves them as they are.
+
+  `engine`: 'static' decodes all B = P*G rows together until the last one ends;
+  'continuous' (`continuous`) decodes in `slots` decode slots over a paged KV cache of
+  `page_size`-token pages, a freed slot taking the next request. 'auto': continuous from
+  `CONTINUOUS_FROM_NEW_TOKENS` new tokens, static below. `slots` 0: half of the
+  requests (at least one); on a data-parallel mesh the slots are split over the data
+  shards' engines (`continuous.engine_slots`).
   """
   num_samples: int
   max_new_tokens: int
@@ -33,6 +45,9 @@ class SamplingSettings:
   pad_id: int = 0
   layer_loop: str = "auto"
   weight_layout: str = "tensor"
+  engine: str = "auto"
+  slots: int = 0
+  page_size: int = 32
 
   def __post_init__(self):
     if self.num_samples < 1:
@@ -50,3 +65,16 @@ class SamplingSettings:
     if self.weight_layout not in WEIGHT_LAYOUTS:
       raise ValueError(f"weight_layout={self.weight_layout!r}: expected one of "
                        f"{list(WEIGHT_LAYOUTS)}")
+    if self.engine not in ENGINES:
+      raise ValueError(f"engine={self.engine!r}: expected one of {list(ENGINES)}")
+    if self.slots < 0:
+      raise ValueError(f"slots={self.slots}: expected >= 0 (0 = half of the requests)")
+    if self.page_size < 1:
+      raise ValueError(f"page_size={self.page_size}: expected >= 1")
+
+  def resolved_engine(self) -> str:
+    """'static' or 'continuous': what `engine` stands for with these settings."""
+    if self.engine != "auto":
+      return self.engine
+    return "continuous" if self.max_new_tokens >= CONTINUOUS_FROM_NEW_TOKENS else "static"
+

@@ -17,9 +17,18 @@ from jaxrl_llm.training import guards
 from tests.training.run_logs import comparable, read_jsonl, resume_from_step_two
 from tests.training.reliability_test import ROOT, rows, steps_of, wait_for
 
-# Metrics of `async_configs.golden_config()` on 2 CPU devices, written by the trainer at
-# commit ff34889 (before asynchronous rollouts existed).
-RECORDED = os.path.join(os.path.dirname(__file__), "sync_metrics_ff34889.json")
+# Metrics of `async_configs.golden_config()` on 2 CPU devices, first written by the trainer at
+# commit ff34889 (before asynchronous rollouts existed), re-recorded when each completion began
+# to draw from its own keys (`python -m tests.training.record_metrics`).
+RECORDED = os.path.join(os.path.dirname(__file__), "sync_metrics_recorded.json")
+
+
+def run_golden(workdir: str) -> list[dict]:
+  """The comparable metrics of the synchronous golden run, trained in `workdir`."""
+  config = async_configs.golden_config()
+  assert config.algo.max_async_level == 0
+  training.train(config, workdir, devices=jax.devices()[:2])
+  return [comparable(r) for r in read_jsonl(workdir)]
 
 
 def _split_config(max_async_level, steps):
@@ -35,13 +44,9 @@ def _split_config(max_async_level, steps):
 class SynchronousTest(absltest.TestCase):
 
   def test_level_zero_reproduces_the_recorded_metrics(self):
-    config = async_configs.golden_config()
-    self.assertEqual(config.algo.max_async_level, 0)
-    workdir = self.create_tempdir().full_path
-    training.train(config, workdir, devices=jax.devices()[:2])
+    rows = run_golden(self.create_tempdir().full_path)
     with open(RECORDED) as f:
       recorded = json.load(f)
-    rows = [comparable(r) for r in read_jsonl(workdir)]
     self.assertLen(rows, len(recorded))
     for got, want in zip(rows, recorded):
       self.assertEqual(got.keys(), want.keys())  # no new metrics

@@ -1,8 +1,13 @@
-"""The trainer's restructuring into plan / setup / feed / prepare / programs changed no
-number: tiny runs of several presets log the metrics recorded by the code before it
-(commit 19b98b1), bit for bit on the recording machine. (Two eval keys were renamed
-since: `eval/reward/total` is `eval/reward_mean`, and `eval/accuracy`, a copy of the first
-reward function's `eval/reward/NAME`, is gone.)"""
+"""The trainer's restructurings change no number: tiny runs of several presets log the
+metrics recorded in `metrics_recorded.json`, bit for bit on the recording machine.
+
+First recorded by commit 19b98b1 (before the trainer was split into plan / setup / feed /
+prepare / programs; two eval keys were renamed since: `eval/reward/total` is
+`eval/reward_mean`, and `eval/accuracy` is gone). Re-recorded when each completion began to
+draw from its own keys (fold_in(fold_in(key, request), t), for the continuous engine), which
+changed every sampled token by design; the SFT case, which samples nothing, was unchanged.
+`python -m tests.training.record_metrics` records them again after a deliberate change.
+"""
 import importlib
 import json
 import os
@@ -15,7 +20,7 @@ from absl.testing import absltest, parameterized
 from jaxrl_llm import training
 from tests.training.run_logs import TIMING, read_jsonl
 
-RECORDED = os.path.join(os.path.dirname(__file__), "metrics_19b98b1.json")
+RECORDED = os.path.join(os.path.dirname(__file__), "metrics_recorded.json")
 # name -> (preset, overrides of its `runlocal` variant): a critic, minibatches, SFT, dynamic
 # sampling, evaluation, bf16 (recomputed old log-probs).
 CASES = {
@@ -28,22 +33,26 @@ CASES = {
 }
 
 
+def run_case(name: str, workdir: str) -> list[dict]:
+  """The metrics (timing fields dropped) of case `name` trained in `workdir` on 2 devices."""
+  preset, overrides = CASES[name]
+  config = importlib.import_module(f"configs.{preset}").get_config("runlocal")
+  config.train.peak_flops_per_device = 1e9
+  for path, value in overrides.items():
+    group, field = path.split(".")
+    config[group][field] = value
+  training.train(config, workdir, devices=jax.devices()[:2])
+  return [{k: v for k, v in r.items() if k not in TIMING} for r in read_jsonl(workdir)]
+
+
 @pytest.mark.slow
 class UnchangedMetricsTest(parameterized.TestCase):
 
   @parameterized.parameters(*CASES)
   def test_metrics_as_recorded(self, name):
-    preset, overrides = CASES[name]
-    config = importlib.import_module(f"configs.{preset}").get_config("runlocal")
-    config.train.peak_flops_per_device = 1e9
-    for path, value in overrides.items():
-      group, field = path.split(".")
-      config[group][field] = value
-    workdir = self.create_tempdir().full_path
-    training.train(config, workdir, devices=jax.devices()[:2])
+    rows = run_case(name, self.create_tempdir().full_path)
     with open(RECORDED) as f:
       recorded = json.load(f)[name]
-    rows = [{k: v for k, v in r.items() if k not in TIMING} for r in read_jsonl(workdir)]
     self.assertLen(rows, len(recorded))
     for got, want in zip(rows, recorded):
       self.assertEqual(sorted(got), sorted(want))

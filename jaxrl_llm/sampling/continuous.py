@@ -1,0 +1,294 @@
+"""The continuous engine: M decode slots over a paged KV cache, a freed slot taking the next
+request, all in one compiled program.
+
+A call has R = P*G requests (request r = p*G + g is sample g of prompt p, the static
+engine's row r). The program
+
+  1. prefills the P prompts once (`decode.prefill`) and stores their keys and values as
+     pages of a pool (`kv_cache`'s paged layout); a prompt's G requests name the same
+     pages in their block tables, so its prefill is shared as in the static engine;
+  2. loops until every request is done: empty slots take the next requests in order (their
+     first token drawn from their prompt's logits), then one decode step runs every slot
+     (one token each, at its own position), and a slot whose request ended (EOS or its
+     budget, at most `max_new_tokens`) gives its pages back to the pool and is empty for the next step.
+
+Pages are taken one at a time as a slot's sequence crosses a page boundary, from a free
+stack, and returned when it ends, so the pool's pages in use follow the live tokens; the
+pool is sized for the worst case (every slot at `max_new_tokens`), so a step never waits
+for memory. Attention reads the leading pages of every slot's block table, as many as the
+longest live sequence needs rounded up to a power of two (`attention.paged_attention`);
+slots are ordered by length each step and read in four groups, so a group of short
+sequences does not read as far as the longest one. A step runs the smallest of
+`batch_sizes` that holds the live slots.
+
+A request draws its tokens from its own keys (`choose.request_keys`): its completion does
+not depend on its slot, its neighbours or when it started, and equals the static engine's
+for the same key. A step computes all M slots (fixed shapes); empty slots write to a page
+nobody reads and record nothing.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxrl_llm import models
+from jaxrl_llm import sharding as sh
+from jaxrl_llm.models import kv_cache
+from jaxrl_llm.sampling import choose, decode, output
+from jaxrl_llm.sampling.settings import SamplingSettings
+
+
+def batch_shards(model: models.Model, prompts: int) -> tuple[tuple[str, ...], int]:
+  """(mesh axes, count) of the data shards that each run their own engine on their share of
+  the `prompts` (as a data-parallel group of inference servers does); ((), 1) runs one
+  engine over the whole mesh: no mesh, prompts that do not split, or a model split over
+  other mesh axes too (tensor parallel)."""
+  if model.mesh is None:
+    return (), 1
+  spec = sh.logical_to_spec((sh.BATCH,), (prompts,), model.mesh, model.rules)[0]
+  axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+  if not axes or any(n > 1 for a, n in model.mesh.shape.items() if a not in axes):
+    return (), 1
+  return axes, math.prod(model.mesh.shape[a] for a in axes)
+
+
+def engine_slots(s: SamplingSettings, requests: int, shards: int = 1) -> int:
+  """Decode slots of each of `shards` engines sharing `requests` completions: the settings'
+  slots split over them (0: half of each engine's requests, the fastest of the counts
+  measured on the long-tail workload: README, "Sampling engines")."""
+  own = requests // shards
+  return min(own, max(1, s.slots // shards)) if s.slots else max(1, own // 2)
+
+
+def pool_pages(prompts: int, prompt_len: int, s: SamplingSettings, shards: int = 1) -> int:
+  """Pages of the pool for `prompts` prompts of `prompt_len` slots (a multiple of the page
+  size), over `shards` engines: each engine's prompts' pages, every slot's worst case and
+  one page nobody reads."""
+  Q, own = s.page_size, prompts // shards
+  return shards * (own * (prompt_len // Q) + engine_slots(s, prompts * s.num_samples, shards)
+                   * -(-s.max_new_tokens // Q) + 1)
+
+
+def read_sizes(own_pages: int) -> tuple[int, ...]:
+  """The numbers of own pages an attention read may cover: powers of two, then all."""
+  sizes, n = [], 1
+  while n < own_pages:
+    sizes.append(n)
+    n *= 2
+  return tuple(sizes) + (own_pages,)
+
+
+def batch_sizes(slots: int) -> tuple[int, ...]:
+  """The batch sizes a decode step may run: all slots, a quarter, a sixteenth (the smallest
+  that holds the live slots runs, so the end of a call, when few requests are left, costs
+  less)."""
+  return tuple(sorted({max(1, slots // 16), max(1, slots // 4), slots}))
+
+
+def _groups(batch: int, most: int = 4) -> tuple[tuple[int, int], ...]:
+  """`batch` slots cut into at most `most` contiguous groups of near-equal size."""
+  n = min(most, batch)
+  bounds = [batch * i // n for i in range(n + 1)]
+  return tuple(zip(bounds[:-1], bounds[1:]))
+
+
+@struct.dataclass
+class _State:
+  slot_request: jax.Array   # int32 [M], the request in the slot, -1 when empty
+  slot_chosen: jax.Array    # int32 [M], tokens chosen so far for it
+  slot_token: jax.Array     # int32 [M], the last chosen token (fed by the next step)
+  block_table: jax.Array    # int32 [M, PP], prompt pages then own pages
+  free_pages: jax.Array     # int32 [M * own], a stack of free own pages
+  free_count: jax.Array     # int32, how many of `free_pages` are free (the stack's top)
+  next_request: jax.Array   # int32, the first request not yet admitted
+  tokens_RN: jax.Array
+  logprobs_RN: jax.Array
+  lengths_R: jax.Array
+  ended_R: jax.Array        # bool [R], ended by an EOS
+  pool: dict | tuple
+  steps: jax.Array          # int32, decode steps run
+  peak_pages: jax.Array     # int32, the most own pages in use at once
+
+
+def _record(st: _State, live_M, token_M, logp_M, s: SamplingSettings):
+  """Writes each live slot's chosen token at its request's next column."""
+  R = st.lengths_R.shape[0]
+  row_M = jnp.where(live_M, st.slot_request, R)  # out of range: dropped
+  col_M = st.slot_chosen
+  return st.replace(
+      tokens_RN=st.tokens_RN.at[row_M, col_M].set(token_M, mode="drop"),
+      logprobs_RN=st.logprobs_RN.at[row_M, col_M].set(logp_M, mode="drop"),
+      slot_chosen=jnp.where(live_M, col_M + 1, col_M),
+      slot_token=jnp.where(live_M, token_M, st.slot_token))
+
+
+def _finish(st: _State, ended_M, eos_M, prompt_pages: int, Q: int):
+  """Ends the requests of the slots `ended_M`: lengths recorded, pages freed, slots emptied."""
+  R = st.lengths_R.shape[0]
+  row_M = jnp.where(ended_M, st.slot_request, R)
+  fed_M = st.slot_chosen - 1  # the last chosen token is never fed
+  own_MO = st.block_table[:, prompt_pages:]
+  used_MO = ended_M[:, None] & (jnp.arange(own_MO.shape[1])[None] < -(-fed_M // Q)[:, None])
+  used = used_MO.reshape(-1)
+  at = jnp.where(used, st.free_count + jnp.cumsum(used) - 1, st.free_pages.shape[0])
+  return st.replace(
+      lengths_R=st.lengths_R.at[row_M].set(st.slot_chosen, mode="drop"),
+      ended_R=st.ended_R.at[row_M].set(eos_M, mode="drop"),
+      free_pages=st.free_pages.at[at].set(own_MO.reshape(-1), mode="drop"),
+      free_count=st.free_count + jnp.sum(used, dtype=jnp.int32),
+      slot_request=jnp.where(ended_M, -1, st.slot_request))
+
+
+def continuous_program(model: models.Model, pool, tokens_PS, mask_PS, budget_R, key,
+                       s: SamplingSettings):
+  """Samples G completions of each of the P prompts; returns (SampleOutput, the pool, stats).
+
+  `pool`: the page pool (`kv_cache.init_pages` with `pool_pages` pages, or one dict per
+  layer when the layers run unrolled), donated. `tokens_PS`: prompts left-padded to a
+  multiple of the page size. `budget_R`: each request's most new tokens (<= N). stats:
+  {'steps': decode steps (the most of any engine), 'peak_pages': the most pages in use by
+  completions at once (summed over engines)}.
+
+  On a data-parallel mesh (`batch_shards`) every data shard runs its own engine on its rows
+  and its part of the pool, under `shard_map`; a request keeps its global index for its keys.
+  """
+  P = tokens_PS.shape[0]
+  R = P * s.num_samples
+  axes, shards = batch_shards(model, P)
+  if shards == 1:
+    return _engine(model, pool, tokens_PS, mask_PS, budget_R, choose.request_keys(key, R),
+                   engine_slots(s, R), s)
+  rows = jax.sharding.PartitionSpec(axes)
+  pages = jax.tree.map(lambda x: jax.sharding.PartitionSpec(*((None,) * (x.ndim - 4)), axes),
+                       pool)
+
+  def one_shard(params, pool, tokens_PS, mask_PS, budget_R, key):
+    local = model.replace(params=params, mesh=None, rules=None)
+    first = jax.lax.axis_index(axes) * budget_R.shape[0]
+    keys_R = choose.request_keys(key, budget_R.shape[0], first)
+    out, pool, stats = _engine(local, pool, tokens_PS, mask_PS, budget_R, keys_R,
+                               engine_slots(s, R, shards), s)
+    return out, pool, {"steps": jax.lax.pmax(stats["steps"], axes),
+                       "peak_pages": jax.lax.psum(stats["peak_pages"], axes)}
+
+  replicated = jax.sharding.PartitionSpec()
+  return jax.shard_map(one_shard, mesh=model.mesh,
+                       in_specs=(replicated, pages, rows, rows, rows, replicated),
+                       out_specs=(rows, pages, replicated), check_vma=False)(
+                           model.params, pool, tokens_PS, mask_PS, budget_R, key)
+
+
+def _engine(model: models.Model, pool, tokens_PS, mask_PS, budget_R, keys_R, M: int,
+            s: SamplingSettings):
+  """One engine of M slots over `pool` for the P prompts' R = P*G requests (keys `keys_R`)."""
+  P, S0 = tokens_PS.shape
+  G, N, Q = s.num_samples, s.max_new_tokens, s.page_size
+  R = P * G
+  SP, OWN = S0 // Q, -(-N // Q)  # pages of a prompt, most own pages of a slot
+  unrolled = isinstance(pool, tuple)
+  model, tune = decode.decode_model(model, s, unrolled)
+
+  prompt_cache, logits_PV, positions_PS = decode.prefill(model, tokens_PS, mask_PS, tune, unrolled)
+  pool = kv_cache.put_pages(pool, kv_cache.as_pages(prompt_cache, Q))  # prompt p: pages p*SP...
+  first_own, spare = P * SP, P * SP + M * OWN  # own pages [first_own, spare), one spare page
+  next_position_P = positions_PS[:, -1] + 1
+  sizes = read_sizes(OWN)
+
+  def admit(st: _State) -> _State:
+    """Empty slots take the next requests and choose their first token."""
+    empty_M = st.slot_request < 0
+    request_M = st.next_request + jnp.cumsum(empty_M) - 1
+    new_M = empty_M & (request_M < R)
+    request_M = jnp.where(new_M, request_M, st.slot_request)
+    prompt_M = jnp.clip(request_M // G, 0, P - 1)
+    table_MP = jnp.where(new_M[:, None], jnp.concatenate(
+        [prompt_M[:, None] * SP + jnp.arange(SP)[None], jnp.full((M, OWN), spare)], axis=1),
+                         st.block_table)
+    st = st.replace(slot_request=request_M, block_table=table_MP,
+                    slot_chosen=jnp.where(new_M, 0, st.slot_chosen),
+                    next_request=st.next_request + jnp.sum(new_M, dtype=jnp.int32))
+    token_M, logp_M = choose.choose_tokens(
+        logits_PV[prompt_M], choose.token_keys(keys_R[jnp.clip(request_M, 0, R - 1)], 0), s)
+    st = _record(st, new_M, token_M, logp_M, s)
+    eos_M = choose.is_eos(token_M, s)
+    budget_M = budget_R[jnp.clip(request_M, 0, R - 1)]
+    return _finish(st, new_M & (eos_M | (budget_M == 1)), eos_M, SP, Q)
+
+  def decode_step(st: _State) -> _State:
+    """Feeds every live slot's last token and chooses its next one."""
+    live_M = st.slot_request >= 0
+    request_M = jnp.clip(st.slot_request, 0, R - 1)
+    prompt_M = request_M // G
+    w_M = jnp.maximum(st.slot_chosen - 1, 0)  # own slot of the fed token
+    page_col_M = SP + w_M // Q
+    # A slot whose token opens a page takes one from the top of the free stack.
+    opens_M = live_M & (w_M % Q == 0)
+    top_M = st.free_count - jnp.cumsum(opens_M)
+    taken_M = st.free_pages[jnp.clip(top_M, 0, st.free_pages.shape[0] - 1)]
+    rows_M = jnp.arange(M)
+    table_MP = st.block_table.at[rows_M, page_col_M].set(
+        jnp.where(opens_M, taken_M, st.block_table[rows_M, page_col_M]))
+    free_count = st.free_count - jnp.sum(opens_M, dtype=jnp.int32)
+    write_page_M = jnp.where(live_M, table_MP[rows_M, page_col_M], spare)
+    own_valid_MO = jnp.arange(OWN * Q)[None] < jnp.where(live_M, w_M, 0)[:, None]
+    valid_MS = jnp.concatenate([mask_PS[prompt_M], own_valid_MO.astype(jnp.int32)], axis=1)
+    positions_M = next_position_P[prompt_M] + w_M
+    keys_M = choose.token_keys(keys_R[request_M], st.slot_chosen)
+    # Live slots first, longest first: a step runs the smallest batch size that holds the
+    # live slots, and its groups of slots read about their own longest sequence.
+    pages_M = jnp.where(live_M, w_M // Q + 1, 0)
+    order_M = jnp.argsort(-pages_M, stable=True)
+
+    def run(b: int):
+      def batch(pool):
+        at_b = order_M[:b]
+        groups = _groups(b)
+        longest_g = jnp.maximum(pages_M[at_b][jnp.asarray([lo for lo, _ in groups])], 1)
+        index = kv_cache.PagedIndex(
+            block_table=table_MP[at_b],
+            read_branch=jnp.searchsorted(jnp.asarray(sizes), longest_g).astype(jnp.int32),
+            read_pages=tuple(SP + n for n in sizes), groups=groups)
+        logits_b1V, cache = decode.forward(model, st.slot_token[at_b][:, None],
+                                           positions_M[at_b][:, None], valid_MS[at_b], pool,
+                                           index, tune=tune)
+        token_b, logp_b = choose.choose_tokens(logits_b1V[:, 0], keys_M[at_b], s)
+        # Back in slot order, for all M slots (the others write to the spare page).
+        in_slots = lambda x, axis: jnp.zeros(x.shape[:axis] + (M,) + x.shape[axis + 1:],
+                                             x.dtype).at[(slice(None),) * axis + (at_b,)].set(x)
+        new_kv = jax.tree.map(lambda x: in_slots(x, x.ndim - 4), kv_cache.pending(cache))
+        return in_slots(token_b, 0), in_slots(logp_b, 0), new_kv
+      return batch
+
+    sizes_b = batch_sizes(M)
+    live = jnp.sum(live_M, dtype=jnp.int32)
+    token_M, logp_M, (k_new, v_new) = jax.lax.switch(
+        jnp.searchsorted(jnp.asarray(sizes_b), live), [run(b) for b in sizes_b], st.pool)
+    pool = kv_cache.write_pages(st.pool, k_new, v_new, write_page_M, w_M % Q)
+    st = st.replace(block_table=table_MP, free_count=free_count, pool=pool, steps=st.steps + 1,
+                    peak_pages=jnp.maximum(st.peak_pages, M * OWN - free_count))
+    st = _record(st, live_M, token_M, logp_M, s)
+    eos_M = choose.is_eos(token_M, s)
+    return _finish(st, live_M & (eos_M | (st.slot_chosen == budget_R[request_M])), eos_M, SP, Q)
+
+  def step(st: _State) -> _State:
+    waiting = jnp.any(st.slot_request < 0) & (st.next_request < R)
+    st = jax.lax.cond(waiting, admit, lambda st: st, st)
+    return decode_step(st)
+
+  def running(st: _State):
+    return (st.next_request < R) | jnp.any(st.slot_request >= 0)
+
+  st = _State(
+      slot_request=jnp.full((M,), -1, jnp.int32), slot_chosen=jnp.zeros((M,), jnp.int32),
+      slot_token=jnp.zeros((M,), jnp.int32),
+      block_table=jnp.full((M, SP + OWN), spare, jnp.int32),
+      free_pages=jnp.arange(first_own, spare, dtype=jnp.int32), free_count=jnp.int32(M * OWN),
+      next_request=jnp.int32(0), tokens_RN=jnp.full((R, N), s.pad_id, jnp.int32),
+      logprobs_RN=jnp.zeros((R, N), jnp.float32), lengths_R=jnp.zeros((R,), jnp.int32),
+      ended_R=jnp.zeros((R,), bool), pool=pool, steps=jnp.int32(0), peak_pages=jnp.int32(0))
+  st = jax.lax.while_loop(running, step, st)
+  out = output.from_lengths(st.tokens_RN, st.logprobs_RN, st.lengths_R, st.ended_R)
+  return out, st.pool, {"steps": st.steps, "peak_pages": st.peak_pages}

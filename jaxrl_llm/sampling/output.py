@@ -1,0 +1,33 @@
+"""What a sampling call returns, whichever engine ran it (`SampleOutput`)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class SampleOutput:
+  """Completions of B = P*G rows, prompt-major (the G samples of prompt 0 come first).
+
+  Attributes:
+    tokens: int32 [B, N], `pad_id` after the end.
+    mask: int32 [B, N], 1 on generated tokens up to and including EOS.
+    logprobs: float32 [B, N], behaviour log-probs (0 where mask is 0).
+    lengths: int32 [B], number of generated tokens (EOS included).
+    truncated: bool [B], True when the row ended without an EOS (N tokens, or its budget).
+  """
+  tokens: jax.Array
+  mask: jax.Array
+  logprobs: jax.Array
+  lengths: jax.Array
+  truncated: jax.Array
+
+
+def from_lengths(tokens_BN, logprobs_BN, lengths_B, ended_B) -> SampleOutput:
+  """The output of completions with these tokens and lengths; `ended_B`: ended by an EOS
+  (the others reached their budget: truncated)."""
+  N = tokens_BN.shape[1]
+  mask_BN = (jnp.arange(N)[None, :] < lengths_B[:, None]).astype(jnp.int32)
+  return SampleOutput(tokens=tokens_BN, mask=mask_BN, logprobs=logprobs_BN, lengths=lengths_B,
+                      truncated=~ended_B)
