@@ -98,16 +98,32 @@ def all_true(flag: bool) -> bool:
 
 
 def local_rows(tree):
-  """Global arrays (a pytree) -> this process's equal share of their rows, as numpy.
+  """Global arrays (a pytree) -> the rows this process's devices hold, as numpy.
 
-  The share is rows [p * n, (p + 1) * n) for process p, matching `put_process_rows`
-  in `jaxrl_llm.sharding`. With one process: the whole arrays.
+  For a batch placed with `put_process_rows` (and what a program computes from it row by
+  row, such as the sampler's outputs) those are this process's own rows. Read from the
+  process's own shards: no collective, so a thread may call it while another runs programs.
+  With one process: the whole arrays.
   """
   if jax.process_count() == 1:
     return jax.device_get(tree)
-  p, count = jax.process_index(), jax.process_count()
+  return jax.tree.map(_own_rows, tree)
 
-  def mine(x):
-    n = x.shape[0] // count
-    return x[p * n:(p + 1) * n]
-  return jax.tree.map(mine, concat(tree))
+
+def _own_rows(x):
+  """The rows of `x` this process's shards hold, each whole (other axes unsplit)."""
+  if not isinstance(x, jax.Array) or x.is_fully_addressable:
+    return np.asarray(x)
+  shards = {}
+  for shard in x.addressable_shards:
+    rows = shard.index[0] if shard.index else slice(None)
+    start, stop, _ = rows.indices(x.shape[0])
+    if any(i.indices(n)[:2] != (0, n) for i, n in zip(shard.index[1:], x.shape[1:])):
+      raise ValueError(f"an array of shape {x.shape} sharded as {x.sharding.spec} is split "
+                       "along a dimension other than its rows: expected whole rows per device")
+    shards.setdefault((start, stop), shard)
+  spans = sorted(shards)
+  if any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+    raise ValueError(f"this process's rows of an array of shape {x.shape} are not contiguous "
+                     f"({spans}): expected its devices to hold one block of rows")
+  return np.concatenate([np.asarray(shards[span].data) for span in spans])

@@ -101,10 +101,13 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
 def split_meshes(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> tuple[Mesh, Mesh | None]:
   """(trainer mesh, rollout mesh) from `config.mesh`.
 
-  `mesh_cfg.rollout_devices = n > 0` gives the sampler the first n devices as its own
-  tensor-parallel mesh (data = fsdp = 1, tensor = n) and builds the trainer's mesh
-  (`make_mesh`: data, fsdp, tensor) over the rest; n = 0 gives one mesh over every device
-  and no rollout mesh. Split placement needs one process (every device addressable).
+  `mesh_cfg.rollout_devices = n > 0` gives the sampler n devices of its own and builds the
+  trainer's mesh (`make_mesh`: data, fsdp, tensor) over the rest; n = 0 gives one mesh over
+  every device and no rollout mesh. With one process the sampler's mesh is the first n
+  devices, tensor-parallel (data = fsdp = 1, tensor = n). With several, every process gives
+  the sampler its first n / process_count devices, and the sampler's mesh is data-parallel
+  over the processes (data = process_count, tensor = n / process_count): each process's
+  prompts are sampled, and their rows scored, on its own devices.
   """
   devices = list(jax.devices() if devices is None else devices)
   n = int(mesh_cfg.rollout_devices)
@@ -118,11 +121,20 @@ def split_meshes(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> tuple
     raise ValueError(f"config.mesh.rollout_devices={n}: expected 0 (shared placement) or 1 to "
                      f"{len(devices) - 1}, leaving the trainer at least one of the "
                      f"{len(devices)} devices")
-  if jax.process_count() > 1:
-    raise ValueError(f"config.mesh.rollout_devices={n} with {jax.process_count()} processes: "
-                     "split placement supports one process; expected 0")
-  rollout = make_mesh({"data": 1, "fsdp": 1, "tensor": n}, devices[:n])
-  return make_mesh(mesh_cfg, devices[n:]), rollout
+  processes = sorted({d.process_index for d in devices})
+  if n % len(processes):
+    raise ValueError(f"config.mesh.rollout_devices={n} over {len(processes)} processes: "
+                     f"expected a multiple of {len(processes)} (every process gives the sampler "
+                     "as many devices of its own)")
+  per = n // len(processes)
+  own = [[d for d in devices if d.process_index == p] for p in processes]
+  if min(len(o) for o in own) <= per:
+    raise ValueError(f"config.mesh.rollout_devices={n}: each of the {len(processes)} processes "
+                     f"gives the sampler {per} of its {min(len(o) for o in own)} devices, leaving "
+                     "the trainer none there; expected fewer")
+  sampler = [d for o in own for d in o[:per]]
+  rollout = Mesh(np.asarray(sampler).reshape(len(processes), 1, per), MESH_AXES)
+  return make_mesh(mesh_cfg, [d for d in devices if d not in sampler]), rollout
 
 
 def _rules_table(rules: Rules) -> dict[str, tuple[str, ...]]:
@@ -232,13 +244,51 @@ def put(tree, shardings):
   """Places host (numpy) arrays on the mesh; works with several processes.
 
   Every process holds the whole host value; each one hands its devices their slices.
+  Arrays that are already global (of several processes) are copied (`transfer`).
   """
-  def one(x, sharding):
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      return jax.device_put(x, sharding)  # already global: let jax reshard
+  leaves, treedef = jax.tree.flatten(tree)
+  targets = treedef.flatten_up_to(shardings)
+  spread = [i for i, x in enumerate(leaves)
+            if isinstance(x, jax.Array) and not x.is_fully_addressable]
+  moved = dict(zip(spread, transfer([leaves[i] for i in spread], [targets[i] for i in spread])))
+
+  def one(i, x, sharding):
+    if i in moved:
+      return moved[i]
     x = np.asarray(x)
     return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
-  return jax.tree.map(one, tree, shardings)
+  return treedef.unflatten([one(i, x, t) for i, (x, t) in enumerate(zip(leaves, targets))])
+
+
+def transfer(tree, shardings):
+  """Copies arrays (a pytree) onto other shardings, another mesh's included; never aliases.
+
+  Within one process (or between shardings of the same devices) this is `jax.device_put`.
+  Between meshes of different devices spanning processes, which XLA copies directly only on
+  TPU's runtime, every array is first gathered whole onto each device of its own mesh (one
+  program for the tree), then each process copies its pieces of the target from its whole
+  copy onto its own devices there. That costs one whole copy per source device for the
+  moment of the copy.
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  targets = treedef.flatten_up_to(shardings)
+
+  def direct(x, sharding):
+    return (not isinstance(x, jax.Array) or x.is_fully_addressable and sharding.is_fully_addressable
+            or x.sharding.device_set == sharding.device_set)
+  out = [jax.device_put(x, s, may_alias=False) if direct(x, s) else None
+         for x, s in zip(leaves, targets)]
+  staged = [i for i, o in enumerate(out) if o is None]
+  if staged:
+    whole = jax.jit(lambda xs: xs, out_shardings=[
+        NamedSharding(leaves[i].sharding.mesh, PartitionSpec()) for i in staged])(
+            [leaves[i] for i in staged])
+    for i, w in zip(staged, whole):
+      local = w.addressable_shards[0].data  # the whole value, on one of this process's devices
+      pieces = [jax.device_put(local[index], device) for device, index in
+                targets[i].addressable_devices_indices_map(w.shape).items()]
+      out[i] = jax.make_array_from_single_device_arrays(w.shape, targets[i], pieces)
+  return treedef.unflatten(out)
 
 
 def put_process_rows(x, names: tuple, mesh: Mesh, rules: Rules) -> jax.Array:

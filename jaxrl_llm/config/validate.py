@@ -224,14 +224,11 @@ def _check_data(config) -> None:
 
 
 def _check_processes(config) -> None:
-  P, n, k = config.train.prompts_per_step, jax.process_count(), config.algo.max_async_level
+  P, n = config.train.prompts_per_step, jax.process_count()
   if P % n:
     raise ConfigError(f"config.train.prompts_per_step={P} is not divisible by the {n} processes: "
                       f"expected a multiple of {n} (each process loads its own share of the "
                       "prompts)")
-  if k > 0 and n > 1:
-    raise ConfigError(f"config.algo.max_async_level={k} with {n} processes: asynchronous "
-                      "rollouts run in one process; expected 0")
 
 
 def _check_checkpoint(c) -> None:

@@ -5,6 +5,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxrl_llm import sharding as sh
+
 
 @struct.dataclass
 class SampleOutput:
@@ -31,3 +33,12 @@ def from_lengths(tokens_BN, logprobs_BN, lengths_B, ended_B) -> SampleOutput:
   mask_BN = (jnp.arange(N)[None, :] < lengths_B[:, None]).astype(jnp.int32)
   return SampleOutput(tokens=tokens_BN, mask=mask_BN, logprobs=logprobs_BN, lengths=lengths_B,
                       truncated=~ended_B)
+
+
+def by_rows(out: SampleOutput, model) -> SampleOutput:
+  """`out` split by rows over the mesh's batch axes, other axes whole, as the prompts were:
+  each process's rows on its own devices (`distributed.local_rows` reads them there)."""
+  if model.mesh is None:
+    return out
+  return jax.tree.map(lambda x: sh.constrain(x, (sh.BATCH,) + (None,) * (x.ndim - 1),
+                                             model.mesh, model.rules), out)

@@ -121,8 +121,11 @@ class Sampler:
     self.buckets = tuple(sorted(buckets))
     self.engine = settings.resolved_engine()
     program = _sample_program if self.engine == "static" else continuous.continuous_program
-    self._program = jax.jit(functools.partial(program, s=settings), donate_argnums=(1,),
-                            compiler_options=models.COMPILER_OPTIONS)
+
+    def placed(model, *args):
+      out, cache, stats = program(model, *args, s=settings)
+      return output.by_rows(out, model), cache, stats
+    self._program = jax.jit(placed, donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
     self._cache = None
     self.stats = {}
 

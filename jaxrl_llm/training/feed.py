@@ -4,6 +4,7 @@ interface for the trainer.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import jax
@@ -76,6 +77,14 @@ class Feed:
     if self.pipeline is not None:
       self.pipeline.publish(version, params)
 
+  def turn(self, step: int):
+    """The trainer's turn to issue the programs of step `step` (`start - 1`: those before the
+    first step), a context manager: with a pipeline, every process issues its programs and
+    the rollout thread's in one order (`async_rollouts.ProgramOrder`); else nothing."""
+    if self.pipeline is None:
+      return contextlib.nullcontext()
+    return self.pipeline.order.trainer(step)
+
   def get(self, step: int, params) -> tuple[rollout_lib.Rollout, float, float]:
     """(step `step`'s rollout, seconds spent sampling it, seconds spent scoring it).
 
@@ -86,6 +95,7 @@ class Feed:
     else:
       rollout = self.pipeline.get(step)
       self.staleness.append(step - rollout.policy_version)
+    rollout.metrics.update(self.source.summarize(rollout))
     t_reward = rollout.metrics.pop("reward_time_s", 0.0)
     t_sample = time.perf_counter() - t0 - (t_reward if self.pipeline is None else 0.0)
     return rollout, t_sample, t_reward

@@ -65,52 +65,54 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
   preemption = guards.PreemptionWatch()
   preemption.install()
   try:
-    feed.publish(start.step, state.policy_params)
-    if evaluator is not None and start.step == 0:  # the starting point, as step 0
-      row = evaluator.report(writer, 0, as_policy(state))
-      writer.write(0, row)
+    with feed.turn(start.step - 1):  # the programs before the first step
+      feed.publish(start.step, state.policy_params)
+      if evaluator is not None and start.step == 0:  # the starting point, as step 0
+        row = evaluator.report(writer, 0, as_policy(state))
+        writer.write(0, row)
     for step in range(start.step, t.steps):
-      t_step = time.perf_counter()
-      # ---------------------------------------------------------------- Sample + reward
-      rollout, t_sample, t_reward = feed.get(step, state.policy_params)
-      # ---------------------------------------------------------------- Log-probs, advantages
-      t0 = time.perf_counter()
-      arrays = prepare.batch_arrays(rollout, config.sampling.num_samples,
-                                    plan.algo.overlong.mask_truncated)
-      batch, prepare_metrics, baselines = programs.prepare(
-          prepare.place_batch(arrays, mesh, setup.models.rules), as_policy(state),
-          setup.models.reference, _value_model(setup, state), setup.models.teacher,
-          state.baselines)
-      state = state.replace(baselines=baselines)
-      jax.block_until_ready(batch)
-      t_logprob = time.perf_counter() - t0
-      # ---------------------------------------------------------------- Update
-      t0 = time.perf_counter()
-      state, update_metrics = programs.update(state, batch, np.random.default_rng([config.seed,
-                                                                                   step]))
-      feed.publish(step + 1, state.policy_params)
-      guard_row = guard.update(step + 1, update_metrics)  # the rest waits for a logged step
-      t_update = time.perf_counter() - t0
-      # ---------------------------------------------------------------- Log, eval, checkpoint
-      done = step + 1
-      times = dict(step=time.perf_counter() - t_step, sample=t_sample, logprob=t_logprob,
-                   update=t_update, reward=t_reward)
-      evaluate = evaluator is not None and (done % t.eval_every == 0 or done == t.steps)
-      if done % t.log_every == 0 or done == t.steps or guard.consecutive:
-        row = _step_row(config, plan, setup, rollout, arrays, update_metrics, times, done,
-                        peak, guard_row, prepare_metrics, feed.async_metrics(rollout))
-        if evaluate:
-          row.update(evaluator.report(writer, done, as_policy(state), row))
-        writer.write(done, row)
-      elif evaluate:
-        evaluator.report(writer, done, as_policy(state))
-      guard.check(done)
-      preempted = preemption.requested() and done < t.steps
-      if ckpt.due(done, last=done == t.steps) or preempted:
-        ckpt.save(done, state, _checkpoint_meta(config, plan, setup, done, rollout, guard))
-      if preempted:
-        ckpt.wait()
-        raise guards.Preempted(done, preemption.signal_name)
+      with feed.turn(step):  # every process issues its programs in one order
+        t_step = time.perf_counter()
+        # ---------------------------------------------------------------- Sample + reward
+        rollout, t_sample, t_reward = feed.get(step, state.policy_params)
+        # ---------------------------------------------------------------- Log-probs, advantages
+        t0 = time.perf_counter()
+        arrays = prepare.batch_arrays(rollout, config.sampling.num_samples,
+                                      plan.algo.overlong.mask_truncated)
+        batch, prepare_metrics, baselines = programs.prepare(
+            prepare.place_batch(arrays, mesh, setup.models.rules), as_policy(state),
+            setup.models.reference, _value_model(setup, state), setup.models.teacher,
+            state.baselines)
+        state = state.replace(baselines=baselines)
+        jax.block_until_ready(batch)
+        t_logprob = time.perf_counter() - t0
+        # ---------------------------------------------------------------- Update
+        t0 = time.perf_counter()
+        state, update_metrics = programs.update(state, batch, np.random.default_rng([config.seed,
+                                                                                     step]))
+        feed.publish(step + 1, state.policy_params)
+        guard_row = guard.update(step + 1, update_metrics)  # the rest waits for a logged step
+        t_update = time.perf_counter() - t0
+        # ---------------------------------------------------------------- Log, eval, checkpoint
+        done = step + 1
+        times = dict(step=time.perf_counter() - t_step, sample=t_sample, logprob=t_logprob,
+                     update=t_update, reward=t_reward)
+        evaluate = evaluator is not None and (done % t.eval_every == 0 or done == t.steps)
+        if done % t.log_every == 0 or done == t.steps or guard.consecutive:
+          row = _step_row(config, plan, setup, rollout, arrays, update_metrics, times, done,
+                          peak, guard_row, prepare_metrics, feed.async_metrics(rollout))
+          if evaluate:
+            row.update(evaluator.report(writer, done, as_policy(state), row))
+          writer.write(done, row)
+        elif evaluate:
+          evaluator.report(writer, done, as_policy(state))
+        guard.check(done)
+        preempted = preemption.requested() and done < t.steps
+        if ckpt.due(done, last=done == t.steps) or preempted:
+          ckpt.save(done, state, _checkpoint_meta(config, plan, setup, done, rollout, guard))
+        if preempted:
+          ckpt.wait()
+          raise guards.Preempted(done, preemption.signal_name)
     # ---------------------------------------------------------------- Export
     ckpt.wait()
     _export(as_policy(state), setup.tokenizer, paths.join(workdir, "export"))

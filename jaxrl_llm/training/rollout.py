@@ -27,7 +27,10 @@ class Rollout:
     lengths: int32 [B]; truncated: bool [B] (no EOS within N tokens).
     rewards: float32 [B], the rewards advantages are computed from (overlong-shaped).
     group_valid: bool [P]; False for filler groups (dynamic sampling) that carry no loss.
-    metrics: host scalars about this rollout (reward means, rounds, ...).
+    metrics: host scalars about this rollout (reward means, rounds, ...): filled in from
+      `stats` by the source's `summarize`, on the trainer's thread.
+    stats: this process's rows of what the metrics describe (`summarize` gathers every
+      process's, the one collective of a rollout after its sampling).
     position: the data position after this rollout (a checkpoint stores it).
     prompts, completions: the texts, for logging.
     step, policy_version: with asynchronous rollouts (`async_rollouts`), the step this
@@ -57,6 +60,7 @@ class Rollout:
   source_positions: dict[str, int] | None = None
   hint_tokens: np.ndarray | None = None
   hint_mask: np.ndarray | None = None
+  stats: dict = dataclasses.field(default_factory=dict)
 
 
 def eos_ids(tokenizer, model_config) -> tuple[int, ...]:
@@ -155,39 +159,51 @@ class SampledRollouts:
     return Rewards(total, per_function)
 
   def __call__(self, policy, key: jax.Array) -> Rollout:
-    algo, G = self.config.algo, self.G
+    return self.start(policy, key).finish()
+
+  def start(self, policy, key: jax.Array) -> "PendingRollout":
+    """Issues the rollout's sampling; `.finish()` on the result completes it.
+
+    Everything that every process must do together (agreeing on the prompt bucket, the
+    sampling programs, dynamic sampling's "enough informative groups?") happens here, in
+    the same order on every process; `finish` reads this process's rows, decodes and
+    scores them with no collective, so it may overlap another thread's programs.
+    """
+    algo = self.config.algo
     rounds = algo.dynamic_sampling.max_rounds if algo.dynamic_sampling.enabled else 1
-    blocks, position, truncated_prompts = [], None, 0
-    kept, reward_time = 0, 0.0
+    pending = PendingRollout(self)
     for r in range(rounds):
       batch = next(self.batches)
-      position = batch.position + 1
       tok = data.tokenize_prompts(self.tokenizer, batch.prompts, self.config.data,
                                   self.config.sampling.prompt_buckets, indices=batch.indices)
-      truncated_prompts += tok.num_truncated
-      out = self.sampler.sample_local(policy, tok.token_lists, jax.random.fold_in(key, r))
-      prompts = [p for p in batch.prompts for _ in range(G)]
-      t0 = time.perf_counter()
-      completions = decode_completions(self.tokenizer, out.tokens, out.lengths)
-      scored = self._score(batch, prompts, completions)
-      reward_time += time.perf_counter() - t0
-      P = len(batch.records)
-      informative = np.asarray(objectives.dynamic_sampling_keep(scored.total.reshape(P, G)))
-      blocks.append(dict(tok=tok, out=out, scored=scored, prompts=prompts,
-                         completions=completions, informative=informative,
-                         sources=batch.sources, source_positions=batch.source_positions,
-                         hint=self._hinted(batch, tok)))
-      kept += int(informative.sum())
-      # Every process samples the same number of rounds: until all have P informative groups.
-      if not algo.dynamic_sampling.enabled or distributed.all_true(kept >= P):
+      out = self.sampler(policy, tok.token_lists, jax.random.fold_in(key, r))
+      pending.blocks.append(dict(batch=batch, tok=tok, out=out))
+      if not algo.dynamic_sampling.enabled:
         break
-    rollout = self._assemble(blocks, position, truncated_prompts, len(blocks))
-    rollout.source_positions = blocks[-1]["source_positions"]
-    rollout.metrics["reward_time_s"] = reward_time
-    return rollout
+      # Every process samples the same number of rounds: until all have P informative groups.
+      if distributed.all_true(pending.score_all() >= len(batch.records)):
+        break
+    return pending
+
+  def _score_block(self, block: dict) -> float:
+    """Reads a block's rows here, decodes and scores them; returns the seconds scoring took."""
+    batch, G = block["batch"], self.G
+    block["out"] = distributed.local_rows(block["out"])
+    prompts = [p for p in batch.prompts for _ in range(G)]
+    t0 = time.perf_counter()
+    completions = decode_completions(self.tokenizer, block["out"].tokens, block["out"].lengths)
+    scored = self._score(batch, prompts, completions)
+    seconds = time.perf_counter() - t0
+    P = len(batch.records)
+    informative = np.asarray(objectives.dynamic_sampling_keep(scored.total.reshape(P, G)))
+    block.update(scored=scored, prompts=prompts, completions=completions,
+                 informative=informative, sources=batch.sources,
+                 source_positions=batch.source_positions, hint=self._hinted(batch, block["tok"]))
+    return seconds
 
   def _assemble(self, blocks, position, truncated_prompts, rounds) -> Rollout:
-    """The first P groups, informative ones first when dynamic sampling is on."""
+    """The first P groups, informative ones first when dynamic sampling is on; `stats` for
+    `summarize` (this process's rows, not yet gathered)."""
     G, algo = self.G, self.config.algo
     P = len(blocks[0]["tok"].token_lists)
     order = [(b, p) for b, blk in enumerate(blocks) for p in range(P)]
@@ -213,14 +229,26 @@ class SampledRollouts:
     if blocks[0]["hint"] is not None:
       hint_tokens, hint_mask = _repad([blocks[b]["hint"][0][p:p + 1] for b, p in chosen],
                                       [blocks[b]["hint"][1][p:p + 1] for b, p in chosen], self.pad)
-    # Metrics describe the global batch: every process's rows, gathered in one collective.
-    every = distributed.concat(dict(
+    stats = dict(
         per_function=per_function, total=total, lengths=lengths, truncated=truncated,
         group_valid=group_valid, shaped=shaped, truncated_prompts=np.asarray([truncated_prompts]),
         informative=np.concatenate([b["informative"] for b in blocks]),
         sources=np.repeat(sources if sources is not None else np.zeros(len(chosen), np.int32),
-                          G)))
-    if sources is None:
+                          G), rounds=np.asarray([rounds]))
+    return Rollout(
+        prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
+        tokens=take(lambda blk: blk["out"].tokens), mask=take(lambda blk: blk["out"].mask),
+        logprobs=take(lambda blk: blk["out"].logprobs), lengths=lengths, truncated=truncated,
+        rewards=shaped.astype(np.float32), group_valid=group_valid, metrics={},
+        position=position, prompts=[blocks[b]["prompts"][p * G] for b, p in chosen],
+        completions=take_list([blocks[b]["completions"][rows(b, p)] for b, p in chosen]),
+        sources=sources, hint_tokens=hint_tokens, hint_mask=hint_mask, stats=stats)
+
+  def summarize(self, rollout: Rollout) -> dict[str, float]:
+    """The metrics of the global batch, from every process's `rollout.stats` (one
+    collective: call it where the trainer's programs are issued)."""
+    algo, every = self.config.algo, distributed.concat(rollout.stats)
+    if rollout.sources is None:
       metrics = {f"reward/{k}": float(v.mean()) for k, v in every["per_function"].items()}
     else:
       metrics = self._source_metrics(every)
@@ -231,18 +259,11 @@ class SampledRollouts:
         truncated_frac=float(every["truncated"].mean()),
         prompts_truncated=float(every["truncated_prompts"].sum()))
     if algo.dynamic_sampling.enabled:
-      metrics.update(dynamic_sampling_rounds=float(rounds),
+      metrics.update(dynamic_sampling_rounds=float(every["rounds"][0]),
                      dynamic_sampling_filler_frac=float(1 - every["group_valid"].mean()))
     if algo.overlong.enabled:
       metrics["reward_shaped_mean"] = float(every["shaped"].mean())
-    return Rollout(
-        prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
-        tokens=take(lambda blk: blk["out"].tokens), mask=take(lambda blk: blk["out"].mask),
-        logprobs=take(lambda blk: blk["out"].logprobs), lengths=lengths, truncated=truncated,
-        rewards=shaped.astype(np.float32), group_valid=group_valid, metrics=metrics,
-        position=position, prompts=[blocks[b]["prompts"][p * G] for b, p in chosen],
-        completions=take_list([blocks[b]["completions"][rows(b, p)] for b, p in chosen]),
-        sources=sources, hint_tokens=hint_tokens, hint_mask=hint_mask)
+    return metrics
 
   def _source_metrics(self, every) -> dict[str, float]:
     """A mixed batch's metrics per source: `rows/NAME`, `reward_mean/NAME`,
@@ -263,6 +284,32 @@ class SampledRollouts:
     return metrics
 
 
+class PendingRollout:
+  """A rollout whose sampling is issued (`SampledRollouts.start`); `finish()` completes it."""
+
+  def __init__(self, source: SampledRollouts):
+    self.source, self.blocks, self.reward_time = source, [], 0.0
+
+  def score_all(self) -> int:
+    """Scores the blocks not yet scored; returns the informative groups so far."""
+    for block in self.blocks:
+      if "scored" not in block:
+        self.reward_time += self.source._score_block(block)
+    return sum(int(b["informative"].sum()) for b in self.blocks)
+
+  def finish(self) -> Rollout:
+    """The rollout: this process's rows of the last round read and scored, the batch
+    assembled (no collective)."""
+    self.score_all()
+    blocks = self.blocks
+    truncated_prompts = sum(b["tok"].num_truncated for b in blocks)
+    rollout = self.source._assemble(blocks, blocks[-1]["batch"].position + 1, truncated_prompts,
+                                    len(blocks))
+    rollout.source_positions = blocks[-1]["source_positions"]
+    rollout.metrics["reward_time_s"] = self.reward_time
+    return rollout
+
+
 def take_list(parts: list[list]) -> list:
   return [x for part in parts for x in part]
 
@@ -275,6 +322,10 @@ class DatasetRollouts:
     self.eos, self.pad = eos, pad_id(tokenizer)
 
   def __call__(self, policy, key: jax.Array) -> Rollout:
+    return self.start(policy, key).finish()
+
+  def start(self, policy, key: jax.Array) -> "Ready":
+    """The rollout (nothing to sample), behind the interface `SampledRollouts.start` has."""
     del policy, key
     batch = next(self.batches)
     N = self.config.sampling.max_new_tokens
@@ -295,12 +346,26 @@ class DatasetRollouts:
       tokens[i, :len(ids)] = ids
       lengths[i] = len(ids)
     mask = (np.arange(N)[None, :] < lengths[:, None]).astype(np.int32)
-    return Rollout(
+    return Ready(Rollout(
         prompt_tokens=tok.tokens, prompt_mask=tok.mask, tokens=tokens, mask=mask, logprobs=None,
         lengths=lengths, truncated=truncated, rewards=np.ones(P, np.float32),
-        group_valid=np.ones(P, bool),
-        metrics=dict(response_length_mean=float(distributed.concat(lengths).mean()),
-                     truncated_frac=float(distributed.concat(truncated).mean()),
-                     prompts_truncated=float(distributed.sum_int(tok.num_truncated))),
-        position=batch.position + 1, prompts=batch.prompts,
-        completions=[r["completion"] for r in batch.records])
+        group_valid=np.ones(P, bool), metrics={}, position=batch.position + 1,
+        prompts=batch.prompts, completions=[r["completion"] for r in batch.records],
+        stats=dict(lengths=lengths, truncated=truncated,
+                   truncated_prompts=np.asarray([tok.num_truncated]))))
+
+  def summarize(self, rollout: Rollout) -> dict[str, float]:
+    """The metrics of the global batch (one collective, as `SampledRollouts.summarize`)."""
+    every = distributed.concat(rollout.stats)
+    return dict(response_length_mean=float(every["lengths"].mean()),
+                truncated_frac=float(every["truncated"].mean()),
+                prompts_truncated=float(every["truncated_prompts"].sum()))
+
+
+@dataclasses.dataclass
+class Ready:
+  """A rollout with nothing left to do (`finish` returns it)."""
+  rollout: Rollout
+
+  def finish(self) -> Rollout:
+    return self.rollout

@@ -81,12 +81,12 @@ class Models:
   teacher: models.Model | None = None
 
   def sampling_policy(self, params) -> models.Model:
-    """The policy with `params` where the sampler runs: on the rollout mesh (one
-    `device_put` across meshes) with split placement, else as it is."""
+    """The policy with `params` where the sampler runs: on the rollout mesh (one copy
+    across meshes, `sharding.transfer`) with split placement, else as it is."""
     if self.rollout_policy is None:
       return self.policy.replace(params=params)
     shardings = jax.tree.map(lambda x: x.sharding, self.rollout_policy.params)
-    return self.rollout_policy.replace(params=jax.device_put(params, shardings))
+    return self.rollout_policy.replace(params=sh.transfer(params, shardings))
 
 
 @dataclasses.dataclass

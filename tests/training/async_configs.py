@@ -15,3 +15,26 @@ def golden_config(steps: int = 3):
   config.optimizer.lr = 3e-3
   config.checkpoint.every = 0
   return config
+
+
+def get_config(placement: str = "shared"):
+  """`golden_config(4)` at max_async_level=1 on 8 devices, as the command line takes it
+  (`--config=tests/training/async_configs.py:split`), for the runs over two processes.
+
+  shared: one 2 x 2 x 2 mesh for the trainer and the sampler; split: the sampler on 2
+  devices of its own (one per process of a two-process run), the trainer data-parallel on
+  the other 6.
+  """
+  config = golden_config(steps=4)
+  config.algo.max_async_level = 1
+  config.checkpoint.every = 2
+  if placement == "shared":
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
+  elif placement == "split":
+    config.mesh.rollout_devices = 2
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
+    config.train.prompts_per_step = 6  # 48 rows: 8 per trainer device, 3 prompts per process
+    config.train.micro_batch_size = 48
+  else:
+    raise ValueError(f"placement={placement!r}: expected 'shared' or 'split'")
+  return config

@@ -14,6 +14,8 @@ import textwrap
 import numpy as np
 from absl.testing import absltest
 
+from jaxrl_llm import training
+from tests.training import async_configs
 from tests.training.run_logs import comparable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -84,6 +86,40 @@ class MultiProcessTest(absltest.TestCase):
         np.testing.assert_allclose(b[k], a[k], rtol=2e-4, atol=2e-5, err_msg=f"step {a['step']} {k}")
     self.assertTrue(os.path.isdir(os.path.join(two, "checkpoints", "2")))
     self.assertTrue(os.path.exists(os.path.join(two, "export", "model.safetensors")))
+
+
+class AsyncMultiProcessTest(absltest.TestCase):
+  """max_async_level=1 over 2 processes x 4 devices: the same run as 1 process x 8."""
+
+  def _compare(self, placement):
+    tmp = self.create_tempdir().full_path
+    one, two = os.path.join(tmp, "one"), os.path.join(tmp, "two")
+    config_path = os.path.join(ROOT, "tests", "training", "async_configs.py")
+    address = f"127.0.0.1:{free_port()}"
+    procs = [launch(f"{config_path}:{placement}", two, 4, f"--coordinator_address={address}",
+                    "--num_processes=2", f"--process_id={i}") for i in range(2)]
+    outputs = [p.communicate(timeout=900)[0].decode(errors="replace") for p in procs]
+    for i, (p, out) in enumerate(zip(procs, outputs)):
+      self.assertEqual(p.returncode, 0, f"{placement}, process {i}:\n{out[-4000:]}")
+    training.train(async_configs.get_config(placement), one)  # this process: 8 devices
+
+    want, got = read_rows(one), read_rows(two)
+    self.assertEqual([r["step"] for r in got], [1, 2, 3, 4])  # each step logged once
+    self.assertEqual([r["async/policy_version"] for r in got], [0, 0, 1, 2])
+    self.assertTrue(all(r["async/staleness_max"] <= 1 for r in got), got)
+    for a, b in zip(want, got):
+      a, b = comparable(a), comparable(b)
+      self.assertEqual(a.keys(), b.keys())
+      for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=2e-4, atol=2e-5,
+                                   err_msg=f"{placement}: step {a['step']} {k}")
+    self.assertTrue(os.path.isdir(os.path.join(two, "checkpoints", "4")))
+
+  def test_shared_placement(self):
+    self._compare("shared")
+
+  def test_split_placement(self):
+    self._compare("split")
 
 
 if __name__ == "__main__":
