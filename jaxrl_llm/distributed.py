@@ -97,6 +97,21 @@ def all_true(flag: bool) -> bool:
   return not any_true(not flag)
 
 
+def gather_strings(texts: list[str]) -> list[str]:
+  """Every process's strings concatenated in process order (two collectives: the byte
+  lengths, then the bytes padded to the longest); every process gets the result."""
+  if jax.process_count() == 1:
+    return list(texts)
+  data = [t.encode("utf-8") for t in texts]
+  lengths = concat(np.asarray([len(d) for d in data], np.int64))
+  width = max_int(max((len(d) for d in data), default=0))
+  padded = np.zeros((len(data), max(width, 1)), np.uint8)
+  for i, d in enumerate(data):
+    padded[i, :len(d)] = np.frombuffer(d, np.uint8)
+  rows = concat(padded)
+  return [bytes(row[:n]).decode("utf-8") for row, n in zip(rows, lengths)]
+
+
 def local_rows(tree):
   """Global arrays (a pytree) -> the rows this process's devices hold, as numpy.
 

@@ -261,8 +261,10 @@ def checkpoint_config() -> ConfigDict:
 
 
 def logging_config() -> ConfigDict:
-  """What process 0 writes: WORKDIR/metrics.jsonl and TensorBoard events in WORKDIR/tb."""
-  return ConfigDict({"tensorboard": True, "jsonl": True})
+  """What process 0 writes: WORKDIR/metrics.jsonl, TensorBoard events in WORKDIR/tb and,
+  every `rollouts_every` steps (0: never), the step's completions in WORKDIR/rollouts.jsonl
+  (`training.rollout_log`)."""
+  return ConfigDict({"tensorboard": True, "jsonl": True, "rollouts_every": 0})
 
 
 def base_config() -> ConfigDict:

@@ -48,6 +48,9 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_data(config)
     _check_processes(config)
     _check_checkpoint(config.checkpoint)
+    if config.logging.rollouts_every < 0:
+      _fail("logging.rollouts_every", config.logging.rollouts_every,
+            ">= 0 (0 = no rollouts.jsonl; N = every N-th step's completions)")
     _check_batch_shards(config, devices)
     _check_model(config.model)
     _check_sources(config)

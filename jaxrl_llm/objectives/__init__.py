@@ -15,7 +15,8 @@ below resolve it (`jaxrl_llm.config.validate_algo` checks the choices).
 Modules: `logprobs` (per-token logp and entropy, chunked), `advantages`, `kl`,
 `aggregation` (loss reductions and exact accumulation), `losses` (ratios, trust
 regions, policy and value losses), `distillation` (a teacher's log-probs as a loss term
-or advantage shaping), `shaping` (DAPO extras, truncated IS, behaviour masking).
+or advantage shaping), `shaping` (DAPO extras, truncated IS, behaviour masking), `echo`
+(prime-rl's cross-entropy on environment tokens of multi-turn episodes).
 """
 from jaxrl_llm.objectives.advantages import ESTIMATORS
 from jaxrl_llm.objectives.advantages import OUTCOME_ESTIMATORS
@@ -35,6 +36,9 @@ from jaxrl_llm.objectives.aggregation import loss_counts
 from jaxrl_llm.objectives.distillation import reverse_kl
 from jaxrl_llm.objectives.distillation import reverse_kl_loss
 from jaxrl_llm.objectives.distillation import shaped_advantages as distill_shaped_advantages
+from jaxrl_llm.objectives.echo import echo_count
+from jaxrl_llm.objectives.echo import echo_loss
+from jaxrl_llm.objectives.echo import echo_weights
 from jaxrl_llm.objectives.kl import KL_ESTIMATORS
 from jaxrl_llm.objectives.kl import kl_divergence
 from jaxrl_llm.objectives.logprobs import chunked_token_logp_and_entropy

@@ -26,7 +26,7 @@ from jaxrl_llm import config as config_lib
 from jaxrl_llm.training import evaluation, feed as feed_lib, flops, guards
 from jaxrl_llm.training import metrics as metrics_lib
 from jaxrl_llm.training import plan as plan_lib
-from jaxrl_llm.training import prepare, resume, setup as setup_lib
+from jaxrl_llm.training import prepare, resume, rollout_log, setup as setup_lib
 
 
 def train(config, workdir: str, devices=None, print_config: bool = False,
@@ -59,6 +59,9 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
   guard = guards.NonFiniteGuard(t.max_consecutive_skips, start.skipped_steps,
                                 start.consecutive_skips)
   writer = metrics_lib.MetricsWriter(workdir, config.logging, t.steps, start.step)
+  rollout_writer = rollout_log.RolloutWriter(
+      workdir, config.logging.rollouts_every,
+      tuple(s.name for s in plan.sources) if plan.mixed else (), start.step)
   peak = _announce(writer, plan, mesh, t.peak_flops_per_device, start.step, workdir)
   as_policy = lambda st: setup.models.policy.replace(params=st.policy_params)
   state, row = start.state, {}
@@ -106,6 +109,9 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
           writer.write(done, row)
         elif evaluate:
           evaluator.report(writer, done, as_policy(state))
+        if rollout_writer.due(done):
+          rollout_writer.write(done, rollout, step if rollout.policy_version is None
+                               else rollout.policy_version)
         guard.check(done)
         preempted = preemption.requested() and done < t.steps
         if ckpt.due(done, last=done == t.steps) or preempted:

@@ -30,7 +30,7 @@ class MetricsWriter:
       return
     if logging_cfg.jsonl:
       self.jsonl = paths.join(workdir, "metrics.jsonl")
-      _drop_rows_after(self.jsonl, start_step)
+      drop_rows_after(self.jsonl, start_step)
     if logging_cfg.tensorboard:
       import tensorboardX  # pylint: disable=g-import-not-at-top
       # purge_step: TensorBoard hides the older events of the steps this run redoes.
@@ -72,7 +72,7 @@ class MetricsWriter:
       self.tb.close()
 
 
-def _drop_rows_after(path: str, step: int) -> None:
+def drop_rows_after(path: str, step: int) -> None:
   """Keeps the rows of steps 1..`step` (and the step-0 eval only if step > 0).
 
   A run resumed from the checkpoint of `step` redoes the steps after it; the rows an

@@ -30,6 +30,7 @@ CONFIG = textwrap.dedent("""
       config.data.task_options = dict(num_eval=6)
       config.optimizer.lr = 1e-3
       config.checkpoint.every = 2
+      config.logging.rollouts_every = 2
       config.rewards.functions = ("tests.training.test_rewards:count_a",)
       config.rewards.weights = (1.0,)
       return config
@@ -50,8 +51,8 @@ def launch(config_path, workdir, devices, *extra):
        *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def read_rows(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+def read_rows(workdir, name="metrics.jsonl"):
+  with open(os.path.join(workdir, name)) as f:
     return [json.loads(line) for line in f]
 
 
@@ -86,6 +87,13 @@ class MultiProcessTest(absltest.TestCase):
         np.testing.assert_allclose(b[k], a[k], rtol=2e-4, atol=2e-5, err_msg=f"step {a['step']} {k}")
     self.assertTrue(os.path.isdir(os.path.join(two, "checkpoints", "2")))
     self.assertTrue(os.path.exists(os.path.join(two, "export", "model.safetensors")))
+    # rollouts.jsonl holds both processes' completions, in the order one process logs them.
+    want, got = (read_rows(d, "rollouts.jsonl") for d in (one, two))
+    self.assertLen(got, 8)  # step 2: 2 prompts x 4 samples
+    for a, b in zip(want, got):
+      np.testing.assert_allclose(b.pop("behaviour_logprobs"), a.pop("behaviour_logprobs"),
+                                 atol=2e-5)
+      self.assertEqual(a, b)
 
 
 class AsyncMultiProcessTest(absltest.TestCase):
