@@ -6,7 +6,7 @@ prepare / programs; two eval keys were renamed since: `eval/reward/total` is
 `eval/reward_mean`, and `eval/accuracy` is gone). Re-recorded when each completion began to
 draw from its own keys (fold_in(fold_in(key, request), t), for the continuous engine), which
 changed every sampled token by design; the SFT case, which samples nothing, was unchanged.
-Re-recorded on 2026-12-01 (20:40 UTC) with the sampler's outputs placed by rows: the file of
+Re-recorded on 2026-12-01 (21:25 UTC) with the sampler's outputs placed by rows: the file of
 382509b had PPO's numbers from another state of the code (382509b itself logs these); only
 PPO moved, by rounding (first-step ratios within 1 +- 3e-4; a value clip flipping on one of
 128 tokens then moves grad_norm by 2%), every other case within 1e-5.
