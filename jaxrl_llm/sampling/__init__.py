@@ -35,7 +35,8 @@ per-completion budget of new tokens.
 Modules: `settings` (what a program is specialised on), `choose` (the token draw and its
 keys), `decode` (per-platform tuning of the decode loop, the one place that asks where it
 runs, and the parts of a program: decode weights, prefill), `output` (`SampleOutput`),
-`sampler` (the static program, `Sampler`, `generate`), `continuous` (the continuous program).
+`sampler` (the static program, `Sampler`, `generate`), `continuous` (the continuous program),
+`turns` (multi-turn episodes over a KV cache kept between turns, `TurnSampler`).
 """
 from jaxrl_llm.sampling import continuous
 from jaxrl_llm.sampling.choose import choose_tokens, gumbel_noise, request_keys, token_keys

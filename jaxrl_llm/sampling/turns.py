@@ -1,0 +1,197 @@
+"""Multi-turn sampling: the model's turns in B episodes over one KV cache kept between turns.
+
+Each `TurnSampler.turn` call appends to every episode the tokens that arrived since its
+last turn (the whole prompt on the first call, then what the environment added: the chat
+template's suffix for its messages, `jaxrl_llm.envs.ChatRenderer.suffix_ids`) and samples
+the model's next turn, until the end-of-turn token (`SamplingSettings.eos_ids`) or the
+turn's budget. The keys and values of everything earlier are read from the cache: only
+the new tokens are prefilled, once.
+
+Layout. All rows write the same cache columns: a call's new tokens are left-padded to the
+longest of the call (one chunk of C columns), then every decode step writes one column. A
+row's mask marks the columns that hold its tokens and its positions count its own tokens,
+as left padding does in the static engine, so a row's numbers do not depend on its
+neighbours. The cache has `max_columns` columns for the whole episode; the cache, the mask
+and the positions stay on the device between calls (the cache donated).
+
+Keys. Episode b draws its j-th model token (counted over all its turns) from
+fold_in(fold_in(key, b), j), the static engine's rule for request b: a turn's tokens do
+not depend on the batch or on how an episode's tokens are split into turns.
+
+An episode that has ended takes no new tokens and a budget of 0: it samples nothing.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxrl_llm import models
+from jaxrl_llm.models import kv_cache
+from jaxrl_llm.sampling import choose, decode
+from jaxrl_llm.sampling.sampler import bucket_length, left_pad
+from jaxrl_llm.sampling.settings import SamplingSettings
+
+
+@struct.dataclass
+class TurnState:
+  """What the episodes keep on the device between turns.
+
+  Attributes:
+    cache: the rows' keys and values, `max_columns` slots (stacked, or one dict per layer).
+    kv_mask_BW: int32 [B, W], 1 on the columns that hold each row's tokens.
+    next_position_B: int32 [B], the position of each row's next token.
+    drawn_B: int32 [B], model tokens each row has drawn so far (its key counter).
+  """
+  cache: tuple | dict
+  kv_mask_BW: jax.Array
+  next_position_B: jax.Array
+  drawn_B: jax.Array
+
+
+@struct.dataclass
+class TurnOutput:
+  """One turn of every row: tokens int32 [B, N] (pad after the end), behaviour log-probs
+  float32 [B, N] (0 after the end), lengths int32 [B] (the end-of-turn token included),
+  ended bool [B] (by an end-of-turn token; else its budget, or nothing to sample)."""
+  tokens: jax.Array
+  logprobs: jax.Array
+  lengths: jax.Array
+  ended: jax.Array
+
+
+def _turn_program(model: models.Model, st: TurnState, column, chunk_BC, chunk_mask_BC,
+                  budget_B, keys_B, s: SamplingSettings):
+  """Prefills each row's new tokens at columns [column, column + C), then decodes its turn
+  from column + C on; returns (TurnOutput, TurnState, decode steps)."""
+  B, C = chunk_BC.shape
+  N = s.max_new_tokens
+  model, tune = decode.decode_model(model, s, isinstance(st.cache, tuple))
+  kv_mask_BW = jax.lax.dynamic_update_slice(st.kv_mask_BW, chunk_mask_BC, (0, column))
+  positions_BC = jnp.where(chunk_mask_BC > 0, st.next_position_B[:, None]
+                           + jnp.cumsum(chunk_mask_BC, axis=1) - 1, 0)
+  hidden_BCD, cache = decode.forward(model, chunk_BC, positions_BC, kv_mask_BW, st.cache,
+                                     column, tune=tune, return_hidden=True)
+  logits_BV = models.unembed(model, hidden_BCD[:, -1:])[:, 0]  # after each row's last token
+  next_position_B = st.next_position_B + jnp.sum(chunk_mask_BC, axis=1)
+  start = column + C
+
+  def draw(logits_BV, t, drawn_B, lengths_B, done_B):
+    token_B, logp_B = choose.choose_tokens(logits_BV, choose.token_keys(keys_B, drawn_B), s)
+    live_B = ~done_B & (lengths_B < budget_B)
+    return token_B, logp_B, live_B
+
+  def record(carry, token_B, logp_B, live_B):
+    t, tokens_BN, logprobs_BN, lengths_B, done_B, drawn_B, ended_B = carry
+    col = jnp.where(live_B, token_B, s.pad_id)
+    tokens_BN = jax.lax.dynamic_update_slice(tokens_BN, col[:, None], (0, t))
+    logprobs_BN = jax.lax.dynamic_update_slice(
+        logprobs_BN, jnp.where(live_B, logp_B, 0.0)[:, None], (0, t))
+    eos_B = live_B & choose.is_eos(token_B, s)
+    lengths_B = lengths_B + live_B.astype(jnp.int32)
+    drawn_B = drawn_B + live_B.astype(jnp.int32)
+    done_B = done_B | eos_B | (lengths_B >= budget_B)
+    return (t + 1, tokens_BN, logprobs_BN, lengths_B, done_B, drawn_B, ended_B | eos_B), token_B
+
+  zeros_B = jnp.zeros((B,), jnp.int32)
+  carry = (jnp.int32(0), jnp.full((B, N), s.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32),
+           zeros_B, budget_B <= 0, st.drawn_B, jnp.zeros((B,), bool))
+  carry, token_B = record(carry, *draw(logits_BV, 0, st.drawn_B, zeros_B, carry[4]))
+
+  def cond(state):
+    (t, _, _, _, done_B, _, _), _, _, _ = state
+    return (t < N) & ~jnp.all(done_B)
+
+  def step(state):  # feeds the token of column t - 1, chooses the token of column t
+    carry, token_B, kv_mask_BW, cache = state
+    t, _, _, lengths_B, done_B, drawn_B, _ = carry
+    slot = start + t - 1
+    fed_B = ~done_B  # a row that just ended does not feed its last token
+    kv_mask_BW = jax.lax.dynamic_update_slice(kv_mask_BW, fed_B.astype(jnp.int32)[:, None],
+                                              (0, slot))
+    positions_B1 = (next_position_B + lengths_B - 1)[:, None]
+    logits_B1V, cache = decode.forward(model, token_B[:, None], positions_B1, kv_mask_BW, cache,
+                                       slot, tune=tune)
+    carry, token_B = record(carry, *draw(logits_B1V[:, 0], t, drawn_B, lengths_B, done_B))
+    return carry, token_B, kv_mask_BW, cache
+
+  carry, token_B, kv_mask_BW, cache = jax.lax.while_loop(
+      cond, step, (carry, token_B, kv_mask_BW, cache))
+  t, tokens_BN, logprobs_BN, lengths_B, _, drawn_B, ended_B = carry
+  # The last token of each turn is not fed yet: the next call's chunk starts with it.
+  out = TurnOutput(tokens=tokens_BN, logprobs=logprobs_BN, lengths=lengths_B, ended=ended_B)
+  state = TurnState(cache=kv_cache.own_part(cache), kv_mask_BW=kv_mask_BW,
+                    next_position_B=next_position_B + jnp.maximum(lengths_B - 1, 0),
+                    drawn_B=drawn_B)
+  return out, state, t - 1
+
+
+class TurnSampler:
+  """Samples the turns of B episodes; keeps their cache between calls.
+
+  Args:
+    settings: the sampler's settings; `eos_ids` are the end-of-turn tokens and
+      `max_new_tokens` the most tokens of one turn (`num_samples` is not read: the caller
+      gives one row per episode).
+    max_columns: cache columns for a whole episode (each call uses its chunk's width, a
+      bucket of its longest new part, plus the turn's decode steps).
+    buckets: the chunk widths a call may use (a chunk is left-padded to the smallest that
+      fits; each width compiles once).
+  """
+
+  def __init__(self, settings: SamplingSettings, max_columns: int,
+               buckets: Sequence[int] = (8, 16, 32, 64, 128, 256, 512, 1024)):
+    self.settings, self.max_columns = settings, max_columns
+    self.buckets = tuple(sorted(buckets))
+    self._program = jax.jit(lambda model, st, column, chunk, mask, budget, keys: _turn_program(
+        model, st, column, chunk, mask, budget, keys, settings), donate_argnums=(1,),
+                            compiler_options=models.COMPILER_OPTIONS)
+    self.state, self.column, self.keys_B = None, 0, None
+
+  def start(self, model: models.Model, rows: int, key: jax.Array) -> None:
+    """Empties the cache for `rows` new episodes whose keys fold from `key`."""
+    if model.mesh is not None:
+      raise ValueError("TurnSampler runs one device's episodes; place the model without a mesh")
+    cfg = model.config
+    unrolled = decode.unrolls_layers(self.settings, model)
+    cache = kv_cache.init_cache(cfg, rows, self.max_columns, cfg.jnp_dtype)
+    if unrolled:
+      cache = decode.per_layer(cache)
+    self.state = TurnState(cache=cache, kv_mask_BW=jnp.zeros((rows, self.max_columns), jnp.int32),
+                           next_position_B=jnp.zeros((rows,), jnp.int32),
+                           drawn_B=jnp.zeros((rows,), jnp.int32))
+    self.column = 0
+    self.keys_B = choose.request_keys(key, rows)
+
+  def turn(self, model: models.Model, new_tokens: Sequence[Sequence[int]],
+           budgets: Sequence[int]) -> TurnOutput:
+    """Appends each row's `new_tokens` (after its previous turn's last token, which is fed
+    first) and samples its next turn of at most `budgets[b]` tokens (0: the row sits this
+    turn out; its new tokens must be empty). Returns the turn as numpy arrays."""
+    if self.state is None:
+      raise ValueError("call start(model, rows, key) before turn()")
+    rows = self.state.drawn_B.shape[0]
+    if len(new_tokens) != rows or len(budgets) != rows:
+      raise ValueError(f"expected {rows} rows of new tokens and budgets, got {len(new_tokens)} "
+                       f"and {len(budgets)}")
+    N = self.settings.max_new_tokens
+    budget = np.asarray(budgets, np.int32)
+    if budget.min() < 0 or budget.max() > N:
+      raise ValueError(f"budgets: expected each in [0, {N}] (max_new_tokens), got "
+                       f"[{budget.min()}, {budget.max()}]")
+    if any(b > 0 and not len(t) for t, b in zip(new_tokens, budget)):
+      raise ValueError("a row with a budget needs at least one new token (the prompt, or its "
+                       "previous turn's last token and the environment's reply)")
+    width = bucket_length(max(1, max(len(t) for t in new_tokens)), self.buckets)
+    if self.column + width + N > self.max_columns:
+      raise ValueError(f"the episodes need {self.column + width + N} cache columns, more than "
+                       f"max_columns={self.max_columns}: expected a larger max_columns (or "
+                       "shorter episodes)")
+    chunk, mask = left_pad(new_tokens, width, self.settings.pad_id)
+    out, self.state, steps = self._program(model, self.state, jnp.int32(self.column), chunk, mask,
+                                           budget, self.keys_B)
+    self.column += width + int(steps)
+    return jax.device_get(out)
