@@ -13,10 +13,8 @@ each after a warm-up (compile) run, and their ratio.
 """
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,13 +39,9 @@ def checkpoint() -> str:
 
 
 def median_time(fn, reps):
+  from sampler import _median_time  # bench/sampler.py's timing
   fn()  # warm-up: compiles
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+  return _median_time(fn, reps)
 
 
 def main():

@@ -48,9 +48,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_data(config)
     _check_processes(config)
     _check_checkpoint(config.checkpoint)
-    if config.logging.rollouts_every < 0:
-      _fail("logging.rollouts_every", config.logging.rollouts_every,
-            ">= 0 (0 = no rollouts.jsonl; N = every N-th step's completions)")
+    _check_logging(config.logging)
     _check_batch_shards(config, devices)
     _check_model(config.model)
     _check_sources(config)
@@ -239,6 +237,12 @@ def _check_checkpoint(c) -> None:
     _fail("checkpoint.every", c.every, ">= 0 (0 = only at the end)")
   if c.keep < 1:
     _fail("checkpoint.keep", c.keep, ">= 1")
+
+
+def _check_logging(c) -> None:
+  if c.rollouts_every < 0:
+    _fail("logging.rollouts_every", c.rollouts_every,
+          ">= 0 (0 = no rollouts.jsonl; N = every N-th step's completions)")
 
 
 def _check_batch_shards(config, devices) -> None:

@@ -79,7 +79,7 @@ def _turn_program(model: models.Model, st: TurnState, column, chunk_BC, chunk_ma
   next_position_B = st.next_position_B + jnp.sum(chunk_mask_BC, axis=1)
   start = column + C
 
-  def draw(logits_BV, t, drawn_B, lengths_B, done_B):
+  def draw(logits_BV, drawn_B, lengths_B, done_B):
     token_B, logp_B = choose.choose_tokens(logits_BV, choose.token_keys(keys_B, drawn_B), s)
     live_B = ~done_B & (lengths_B < budget_B)
     return token_B, logp_B, live_B
@@ -99,7 +99,7 @@ def _turn_program(model: models.Model, st: TurnState, column, chunk_BC, chunk_ma
   zeros_B = jnp.zeros((B,), jnp.int32)
   carry = (jnp.int32(0), jnp.full((B, N), s.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32),
            zeros_B, budget_B <= 0, st.drawn_B, jnp.zeros((B,), bool))
-  carry, token_B = record(carry, *draw(logits_BV, 0, st.drawn_B, zeros_B, carry[4]))
+  carry, token_B = record(carry, *draw(logits_BV, st.drawn_B, zeros_B, carry[4]))
 
   def cond(state):
     (t, _, _, _, done_B, _, _), _, _, _ = state
@@ -115,7 +115,7 @@ def _turn_program(model: models.Model, st: TurnState, column, chunk_BC, chunk_ma
     positions_B1 = (next_position_B + lengths_B - 1)[:, None]
     logits_B1V, cache = decode.forward(model, token_B[:, None], positions_B1, kv_mask_BW, cache,
                                        slot, tune=tune)
-    carry, token_B = record(carry, *draw(logits_B1V[:, 0], t, drawn_B, lengths_B, done_B))
+    carry, token_B = record(carry, *draw(logits_B1V[:, 0], drawn_B, lengths_B, done_B))
     return carry, token_B, kv_mask_BW, cache
 
   carry, token_B, kv_mask_BW, cache = jax.lax.while_loop(
