@@ -1,18 +1,39 @@
-r"""`make demo`: GRPO on arithmetic from the shipped warm start, then a plot.
+r"""`make demo`: GRPO on a built-in task from the shipped warm start, then a plot.
 
   python -m launch.demo --workdir=workdir/demo [--config.train.steps=60 ...]
+  python -m launch.demo --task=calculator --workdir=workdir/calculator   # the agent demo
 
-Prints a progress bar and a held-out accuracy table while it runs; at the end writes
-DIR/curves.png (reward and held-out accuracy per step) and DIR/export/ (the model).
+`--task` picks the config: `arithmetic` (default, configs/grpo_arithmetic.py) or
+`calculator` (configs/grpo_calculator.py: multi-turn episodes with a calculator tool);
+`--config=FILE` replaces it. Prints a progress bar and a held-out accuracy table while it
+runs; at the end writes DIR/curves.png (reward and held-out accuracy per step) and
+DIR/export/ (the model).
 """
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
+TASKS = {"arithmetic": ("grpo_arithmetic.py", "GRPO on arithmetic (CPU demo)"),
+         "calculator": ("grpo_calculator.py", "GRPO with a calculator tool (CPU agent demo)")}
+
+
+def _task_in_argv(argv) -> str:
+  """`--task`'s value, read before flags are parsed: it chooses `--config`'s default."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--task="):
+      return arg.split("=", 1)[1]
+    if arg == "--task" and i + 1 < len(argv):
+      return argv[i + 1]
+  return "arithmetic"
+
+
+_TASK = flags.DEFINE_enum("task", "arithmetic", sorted(TASKS), "The built-in task to learn.")
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "grpo_arithmetic.py"),
-    "Experiment config file.", lock_config=True)
+    "config", os.path.join(CONFIGS, TASKS.get(_task_in_argv(sys.argv), TASKS["arithmetic"])[0]),
+    "Experiment config file (default: --task's).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "workdir/demo", "Output directory.")
 
 
@@ -27,8 +48,7 @@ def main(argv):
   metrics = paths.join(workdir, "metrics.jsonl")
   png = paths.join(workdir, "curves.png")
   accuracy = evaluation.headline_key(_CONFIG.value.rewards)  # the exact-match reward's mean
-  plots.plot_curves(metrics, png, ("reward_mean", accuracy),
-                    title="GRPO on arithmetic (CPU demo)")
+  plots.plot_curves(metrics, png, ("reward_mean", accuracy), title=TASKS[_TASK.value][1])
   evals = [r for r in plots.read_metrics(metrics) if accuracy in r]
   print(f"\nheld-out accuracy ({accuracy}): {evals[0][accuracy]:.3f} at step "
         f"{evals[0]['step']} -> {evals[-1][accuracy]:.3f} at step {evals[-1]['step']}")

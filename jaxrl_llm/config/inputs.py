@@ -45,9 +45,38 @@ def check_inputs(config) -> None:
                                 tok.tokens.shape[1], hint.max_hint_len, 0)
           except ValueError as e:
             raise ValueError(f"{field}={d.source!r} (split 'train'): {e}") from e
+      if source.multi_turn:
+        check_environment(source, tokenizer, first_record=first[0] if first else None)
     check_teacher_tokenizer(config, tokenizer)
   except (ValueError, OSError, ImportError) as e:
     raise ConfigError("; ".join(str(e).splitlines())) from e
+
+
+def check_environment(source, tokenizer, first_record=None) -> None:
+  """A multi-turn source's environment builds, the tokenizer's chat template renders its
+  episodes token-exactly (`envs.ChatRenderer.check_template`: else one line, exit 2), and
+  its opening for the first record fits `max_episode_tokens`."""
+  from jaxrl_llm import envs  # pylint: disable=g-import-not-at-top
+  field = f"{source.field}.env={source.env['env']!r}"
+  env = None
+  try:
+    env = envs.environment_for(source.env)
+    renderer = envs.renderer_for(tokenizer, env)
+    if first_record is not None:
+      opening = envs.as_messages(envs.call_env(env, "reset", dict(first_record),
+                                               where=f"{field}, record 0"), f"{field}, record 0")
+      n = len(renderer.prompt_ids(opening))
+      if n >= source.env["max_episode_tokens"]:
+        raise ValueError(f"{field}: the opening of record 0 is {n} tokens, which leaves none "
+                         f"for the model within {source.field}.max_episode_tokens="
+                         f"{source.env['max_episode_tokens']}: expected more than {n}")
+  except envs.TemplateError as e:
+    raise ValueError(f"{field}: {e}") from e
+  except envs.EnvError as e:
+    raise ValueError(str(e)) from e
+  finally:
+    if env is not None:
+      envs.loading.close(env)
 
 
 def check_teacher_tokenizer(config, tokenizer) -> None:

@@ -145,6 +145,9 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
           "coef": 0.0,  # > 0 only with a value model (gae)
           "value_clip": 0.2,
       },
+      # echo (prime-rl): cross-entropy on the environment's tokens of each role, weighted by its
+      # alpha and normalised over its own token count; 0 = off (multi-turn sources only)
+      "echo": {"tool": 0.0, "user": 0.0},
       "num_iterations": 1,  # passes over each rollout batch
       "num_minibatches": 1,  # optimizer steps per pass
       # sampler | recompute | auto: recompute when the model computes in bf16/fp16 and the loss
@@ -203,6 +206,21 @@ def train_config() -> ConfigDict:
   })
 
 
+def env_config() -> dict:
+  """A multi-turn source's environment (jaxrl_llm/envs, README "Agents"): the fields of
+  `config.data` (one source) and of each `config.sources.NAME`. `env` '' = single-turn."""
+  return {
+      "env": "",  # 'path/to/env.py:MyEnv' | 'pkg.module:MyEnv'; '' = one completion per prompt
+      "env_args": {},  # keyword arguments of its constructor
+      "max_turns": 4,  # model turns per episode at most, >= 1
+      "max_episode_tokens": 512,  # tokens per episode, the opening prompt included
+      "tool_timeout_s": 10.0,  # a tool call's time limit (a ToolEnv's), > 0
+      "env_workers": 1,  # environment instances stepping a batch's episodes concurrently, >= 1
+      "on_env_error": "stop",  # stop | drop: an environment that raises stops the run, or its
+                               # episode's group carries no loss and is counted (env/dropped)
+  }
+
+
 def data_config(sampling: ConfigDict) -> ConfigDict:
   """Where prompts (and SFT targets) come from and how they become tokens."""
   data = ConfigDict({
@@ -216,6 +234,7 @@ def data_config(sampling: ConfigDict) -> ConfigDict:
       "chat_template": False,  # wrap each prompt as a user turn of the tokenizer's template
       "tfds_data_dir": "",  # tfds: sources' data_dir ('' = TFDS's default)
       "shuffle_seed": 0,  # the order of the training records
+      **env_config(),
   })
   data.max_prompt_len = sampling.get_ref("max_prompt_len")
   return data
@@ -240,6 +259,7 @@ def source_config(data: str = "task:arithmetic", weight: float = 1.0) -> ConfigD
       "task_options": {},  # keyword arguments of a task: source
       "weight": weight,  # its share of each step's prompts (weights are normalised), >= 0
       "rewards": rewards_config(),
+      **env_config(),
       # The per-row algorithm axes: these replace config.algo's for this source's rows.
       # The loss and trust region, the KL and the rest of config.algo stay one per run.
       "algo": {

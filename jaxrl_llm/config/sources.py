@@ -42,6 +42,8 @@ class Source:
     weight: its share of each step's prompts, normalised over the run's sources.
     rewards: its `config.rewards`-shaped reward functions and weights.
     algo: `config.algo` with this source's per-row fields in place, references resolved.
+    env: its environment fields (`schema.env_config()`: `env`, `env_args`, `max_turns`, ...);
+      `env['env']` is '' for a single-turn source.
   """
   name: str
   data: str
@@ -49,6 +51,24 @@ class Source:
   weight: float
   rewards: Any
   algo: Any
+  env: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def multi_turn(self) -> bool:
+    return bool(self.env.get("env"))
+
+  @property
+  def field(self) -> str:
+    """Where its settings are: 'config.data' or 'config.sources.NAME'."""
+    return f"config.sources.{self.name}" if self.name else "config.data"
+
+
+ENV_FIELDS = tuple(schema.env_config())
+
+
+def _env_fields(group) -> dict:
+  return {k: (group[k].to_dict() if isinstance(group[k], ml_collections.ConfigDict)
+              else group[k]) for k in ENV_FIELDS}
 
 
 def is_mixed(config) -> bool:
@@ -90,9 +110,10 @@ def run_sources(config) -> tuple[Source, ...]:
   """The run's sources in `config.sources`' order (one, named '', without it)."""
   if not is_mixed(config):
     return (Source("", config.data.source, dict(config.data.task_options), 1.0,
-                   config.rewards, config.algo.copy_and_resolve_references()),)
+                   config.rewards, config.algo.copy_and_resolve_references(),
+                   _env_fields(config.data)),)
   return tuple(Source(name, s.data, dict(s.task_options), float(s.weight), s.rewards,
-                      source_algo(config, name))
+                      source_algo(config, name), _env_fields(s))
                for name, s in config.sources.items())
 
 
@@ -116,7 +137,9 @@ def check_sources(config) -> list[str]:
       ("data.source", "data", config.data.source, default_run.data.source),
       ("data.task_options", "task_options", config.data.task_options.to_dict(),
        default_run.data.task_options.to_dict()),
-      ("rewards", "rewards", config.rewards.to_dict(), default_run.rewards.to_dict())):
+      ("rewards", "rewards", config.rewards.to_dict(), default_run.rewards.to_dict()),
+      *((f"data.{k}", k, _env_fields(config.data)[k], _env_fields(default_run.data)[k])
+        for k in ENV_FIELDS)):
     if value != default:
       errors.append(f"config.{field} is not read when config.sources is set: expected its "
                     f"default here and config.sources.NAME.{instead} for each source")

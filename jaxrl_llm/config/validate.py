@@ -52,6 +52,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_batch_shards(config, devices)
     _check_model(config.model)
     _check_sources(config)
+    _check_envs(config)
     _check_teacher(config)
     RewardSet.from_config(config.rewards)  # resolves the functions, checks the weights
     if workdir is not None:
@@ -303,6 +304,60 @@ def _check_sources(config) -> None:
       message = str(e).replace("config.data.source", f"config.{field}.data")
       message = message.replace(" algo.advantage.", f" {field}.algo.advantage.")
       raise ConfigError(f"config.{field}: {'; '.join(message.splitlines())}") from e
+
+
+ENV_ERRORS = ("stop", "drop")  # on_env_error
+
+
+def _check_envs(config) -> None:
+  """Multi-turn sources (`env` set): their fields, and what they do not combine with yet."""
+  run = sources_lib.run_sources(config)
+  multi = [s for s in run if s.multi_turn]
+  for role, alpha in config.algo.echo.items():
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (
+        math.isfinite(alpha) and alpha >= 0):
+      _fail(f"algo.echo.{role}", alpha, "a finite weight >= 0 (0 = off)")
+    if alpha and not multi:
+      _fail(f"algo.echo.{role}", alpha, "0: echo trains on environment tokens, which only "
+            "multi-turn sources (config.data.env / config.sources.NAME.env) have")
+  if not multi:
+    return
+  for s in multi:
+    e, where = s.env, s.field.removeprefix("config.")
+    for key in ("max_turns", "env_workers"):
+      if isinstance(e[key], bool) or not isinstance(e[key], int) or e[key] < 1:
+        _fail(f"{where}.{key}", e[key], "an integer >= 1")
+    if isinstance(e["max_episode_tokens"], bool) or not isinstance(
+        e["max_episode_tokens"], int) or e["max_episode_tokens"] < 2:
+      _fail(f"{where}.max_episode_tokens", e["max_episode_tokens"],
+            "an integer >= 2 (the opening prompt and at least one model token)")
+    if not isinstance(e["tool_timeout_s"], (int, float)) or not e["tool_timeout_s"] > 0:
+      _fail(f"{where}.tool_timeout_s", e["tool_timeout_s"], "a positive number of seconds")
+    _one_of(f"{where}.on_env_error", e["on_env_error"], ENV_ERRORS)
+    if not isinstance(e["env_args"], dict):
+      _fail(f"{where}.env_args", e["env_args"], "a dict of the environment's keyword arguments")
+  if len(multi) != len(run):
+    single = [s.name for s in run if not s.multi_turn]
+    raise ConfigError(f"config.sources {single} have no env while others do: expected every "
+                      "source of a multi-turn run to name an environment (a single-turn source "
+                      "can be one whose environment is done after the first turn)")
+  if config.data.completions == "dataset" and config.sampling.num_samples != 1:
+    return  # _check_data's message
+  if jax.process_count() > 1:
+    raise ConfigError(f"{multi[0].field}.env={multi[0].env['env']!r}: multi-turn episodes are "
+                      f"played on one process for now, and this run has {jax.process_count()}: "
+                      "expected one process")
+  algo = config.algo
+  for field, value, expected in (
+      ("algo.dynamic_sampling.enabled", algo.dynamic_sampling.enabled, False),
+      ("algo.overlong.enabled", algo.overlong.enabled, False)):
+    if value != expected:
+      _fail(field, value, f"{expected!r} with multi-turn sources (not supported with episodes)")
+  for s in multi:
+    d = s.algo.distill
+    if d.teacher == "self" and (d.coef or d.shaping_coef):
+      _fail(f"{s.field.removeprefix('config.')}.algo.distill.teacher", d.teacher,
+            "'model' with an environment (a hint before an episode is not supported)")
 
 
 def _distill_readers(config, teachers=("model",)) -> list[str]:

@@ -13,7 +13,8 @@
 
 Modules: `base` (the Environment protocol, result checks, `load_environment`,
 `call_env`), `tools` (ToolEnv: <tool_call> parsing, schemas, counted failures),
-`worker` (tool calls in a killable worker process, or a thread), `chat` (ChatRenderer:
+`worker` (tool calls in a killable worker process, or a thread), `loading` (a
+training source's environment and renderer from its config fields), `chat` (ChatRenderer:
 prompt and suffix ids, the template probe), `templates` (a ChatML-like template with
 tools for the character tokenizer), `episode` (Episode, run_episode).
 
@@ -32,7 +33,10 @@ from jaxrl_llm.envs.chat import TemplateError
 from jaxrl_llm.envs.episode import ENDINGS
 from jaxrl_llm.envs.episode import Episode
 from jaxrl_llm.envs.episode import run_episode
+from jaxrl_llm.envs.loading import environment_for
+from jaxrl_llm.envs.loading import renderer_for
 from jaxrl_llm.envs.templates import CHAR_TOOL_CHAT_TEMPLATE
+from jaxrl_llm.envs.templates import CHAR_TOOL_NAMES_TEMPLATE
 from jaxrl_llm.envs.tools import ToolCall
 from jaxrl_llm.envs.tools import ToolCallError
 from jaxrl_llm.envs.tools import ToolEnv

@@ -17,6 +17,7 @@ template text does not split per message in general).
                       sampler's per-turn limit)
   max_turns           `max_turns` model turns were played and the environment was not done
   max_episode_tokens  the next turn or reply would not fit in `max_episode_tokens`
+  env_error           the environment raised (the trainer's `on_env_error = 'drop'`)
 
 The length rule: an episode never holds more than `max_episode_tokens` tokens. A model
 turn that would pass it is cut to fit (its log-probs with it) and ends the episode. An
@@ -31,7 +32,7 @@ from typing import Callable, Sequence
 from jaxrl_llm.envs import base
 from jaxrl_llm.envs import chat
 
-ENDINGS = ("done", "eos", "max_new_tokens", "max_turns", "max_episode_tokens")
+ENDINGS = ("done", "eos", "max_new_tokens", "max_turns", "max_episode_tokens", "env_error")
 MODEL, PROMPT = "assistant", "prompt"
 
 

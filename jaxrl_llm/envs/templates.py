@@ -16,22 +16,32 @@ after it starts with the separating space (" T:408<eos> A:"). Earlier turns are 
 rewritten, so `ChatRenderer.check_template` accepts it:
 
   tokenizer = build_char_tokenizer(chat_template=CHAR_TOOL_CHAT_TEMPLATE)
+
+`CHAR_TOOL_NAMES_TEMPLATE` shows only the tools' names: "S:Tools: calc<eos> U:47*83<eos> A:".
 """
 
-CHAR_TOOL_CHAT_TEMPLATE = (
-    "{% if messages[0]['role'] == 'system' %}"
-    "{% set system = messages[0]['content'] %}{% set turns = messages[1:] %}"
-    "{% else %}{% set system = '' %}{% set turns = messages %}{% endif %}"
-    "{% if system or tools %}"
-    "S:{{ system }}"
-    "{% if tools %}{% if system %} {% endif %}Tools:"
+def _char_template(tools_text: str) -> str:
+  return (
+      "{% if messages[0]['role'] == 'system' %}"
+      "{% set system = messages[0]['content'] %}{% set turns = messages[1:] %}"
+      "{% else %}{% set system = '' %}{% set turns = messages %}{% endif %}"
+      "{% if system or tools %}"
+      "S:{{ system }}"
+      "{% if tools %}{% if system %} {% endif %}Tools:" + tools_text + "{% endif %}"
+      "{{ eos_token }}"
+      "{% endif %}"
+      "{% for message in turns %}"
+      "{% if system or tools or not loop.first %} {% endif %}"
+      "{{ message['role'][0] | upper }}:{{ message['content'] }}{{ eos_token }}"
+      "{% endfor %}"
+      "{% if add_generation_prompt %} A:{% endif %}")
+
+
+CHAR_TOOL_CHAT_TEMPLATE = _char_template(
     "{% for tool in tools %} {{ tool | tojson(ensure_ascii=True) }}{% endfor %}"
-    " Call a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>"
-    "{% endif %}"
-    "{{ eos_token }}"
-    "{% endif %}"
-    "{% for message in turns %}"
-    "{% if system or tools or not loop.first %} {% endif %}"
-    "{{ message['role'][0] | upper }}:{{ message['content'] }}{{ eos_token }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %} A:{% endif %}")
+    " Call a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>")
+
+# The same with only the tools' names ("S:Tools: calc<eos> U:47*83<eos> A:"), for a tiny
+# model that learns the calls from demonstrations (the calculator task's warm start).
+CHAR_TOOL_NAMES_TEMPLATE = _char_template("{% for tool in tools %} {{ tool.function.name }}"
+                                          "{% endfor %}")

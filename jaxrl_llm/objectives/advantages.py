@@ -347,6 +347,7 @@ def token_advantages(
     ref_logp_BT: Array | None = None,
     values_BT: Array | None = None,
     baselines_B: Array | None = None,
+    turn_rewards_BT: Array | None = None,
 ) -> tuple[Array, Array | None]:
   """Per-token advantages for any `cfg.advantage.estimator`, KL-in-reward included.
 
@@ -368,6 +369,11 @@ def token_advantages(
     ref_logp_BT: reference log-probs (needed for KL in the reward).
     values_BT: value predictions (needed for `gae`).
     baselines_B: the baseline each row is scored against (`rae`: `rae_baselines`).
+    turn_rewards_BT: a multi-turn episode's step rewards, each on its turn's last token
+      (their sum is part of the row's outcome reward). The token-level estimators then
+      reward `turn_rewards_BT` where they sit and the rest of the outcome, `R - Σ_t
+      turn_rewards`, on the last valid token, so GAE assigns credit within an episode;
+      the outcome estimators read only `R`.
 
   Returns:
     `(adv_BT, returns_BT)`: float32, 0 on masked tokens, stop-gradient; `returns_BT`
@@ -397,7 +403,12 @@ def token_advantages(
     adv_PG = outcome_advantages(penalised_PG, cfg, lengths_PG=lengths_PG)
     return adv_PG.reshape(P * G)[:, None] * mask_BT, None
 
-  token_rewards_BT = outcome_token_rewards(rewards_B, mask_BT, kl_BT=kl_BT, kl_coef=kl_coef)
+  if turn_rewards_BT is None:
+    token_rewards_BT = outcome_token_rewards(rewards_B, mask_BT, kl_BT=kl_BT, kl_coef=kl_coef)
+  else:
+    turn_BT = jax.lax.stop_gradient(turn_rewards_BT.astype(jnp.float32)) * mask_BT
+    token_rewards_BT = outcome_token_rewards(rewards_B - jnp.sum(turn_BT, axis=1), mask_BT,
+                                             kl_BT=kl_BT, kl_coef=kl_coef) + turn_BT
   if name == "reinforce_pp":
     returns_BT = discounted_returns(token_rewards_BT, mask_BT, cfg.advantage.gamma)
     return masked_whiten(returns_BT, mask_BT, cfg.advantage.eps), None

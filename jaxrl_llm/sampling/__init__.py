@@ -47,9 +47,10 @@ from jaxrl_llm.sampling.sampler import (DEFAULT_BUCKETS, GENERATE_CACHE_SIZE, Sa
                                         left_pad)
 from jaxrl_llm.sampling.settings import (CONTINUOUS_FROM_NEW_TOKENS, ENGINES, LAYER_LOOPS,
                                          WEIGHT_LAYOUTS, SamplingSettings)
+from jaxrl_llm.sampling.turns import TurnOutput, TurnSampler
 
 __all__ = ["CONTINUOUS_FROM_NEW_TOKENS", "DECODE_TUNING", "DEFAULT_BUCKETS", "DecodeTuning",
            "ENGINES", "GENERATE_CACHE_SIZE", "LAYER_LOOPS", "SampleOutput", "Sampler",
-           "SamplingSettings", "WEIGHT_LAYOUTS", "bucket_length", "choose_tokens", "continuous",
+           "SamplingSettings", "TurnOutput", "TurnSampler", "WEIGHT_LAYOUTS", "bucket_length", "choose_tokens", "continuous",
            "decode_weight_shardings", "free_generate_cache", "generate", "gumbel_noise",
            "left_pad", "request_keys", "token_keys", "unrolls_layers"]

@@ -8,17 +8,21 @@ a task's options (difficulty, split sizes, seed) are plain keyword arguments.
   sft = tasks.demonstrations('arithmetic', 'train')   # records + 'completion'
   tasks.TASKS['arithmetic'].reward_functions          # import paths for config.rewards
 
-Tasks: `arithmetic` (`12+7*3=` -> `33`), `countdown` (reach a target with + - * /).
+Tasks: `arithmetic` (`12+7*3=` -> `33`), `countdown` (reach a target with + - * /),
+`calculator` (an agent task: `47*83` with a calculator tool; its environment is
+`jaxrl_llm.envs.calculator:CalculatorEnv`).
 """
 import functools
 from typing import Sequence
 
 from jaxrl_llm.tasks import arithmetic
 from jaxrl_llm.tasks import base
+from jaxrl_llm.tasks import calculator
 from jaxrl_llm.tasks import countdown
 
 TASKS = {
     "arithmetic": arithmetic.TASK,
+    "calculator": calculator.TASK,
     "countdown": countdown.TASK,
 }
 

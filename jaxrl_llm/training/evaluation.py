@@ -17,8 +17,9 @@ import numpy as np
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import data, distributed, sampling
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.rewards import RewardSet
+from jaxrl_llm.rewards import RewardSet, Rewards
 from jaxrl_llm.config import sources as sources_lib
+from jaxrl_llm.training import episodes
 from jaxrl_llm.training import rollout as rollout_lib
 from jaxrl_llm.training import setup as setup_lib
 
@@ -39,9 +40,21 @@ class Evaluator:
                               .items()))
     settings = rollout_lib.sampling_settings(config.sampling, eos, pad, greedy=True)
     self.sampler = sampling.Sampler(settings, config.sampling.prompt_buckets)
+    resolved = source or sources_lib.run_sources(config)[0]
+    self.player = (episodes.EpisodePlayer(resolved, tokenizer, settings)
+                   if resolved.multi_turn else None)
 
   def complete(self, policy, batch: data.RecordBatch):
-    """Greedy completions of `batch`'s prompts (texts) and their `Rewards`."""
+    """Greedy completions of `batch`'s prompts (texts; an episode's last model turn) and
+    their `Rewards` (an episode's with its step rewards, `env`)."""
+    if self.player is not None:
+      played = self.player.play(episodes.local_model(policy), batch.records, batch.indices,
+                                jax.random.PRNGKey(0))
+      completions = [episodes.last_turn_text(self.tokenizer, ep) for ep in played]
+      scored = self.reward_set(batch.prompts, completions, **batch.fields(),
+                               **episodes.episode_fields(played))
+      env = np.asarray([sum(ep.turn_rewards) for ep in played], np.float32)
+      return completions, Rewards(scored.total + env, dict(scored.per_function, env=env))
     tok = data.tokenize_prompts(self.tokenizer, batch.prompts, self.config.data,
                                 self.config.sampling.prompt_buckets, indices=batch.indices)
     out = self.sampler.sample_local(policy, tok.token_lists, 0)
@@ -61,8 +74,12 @@ class Evaluator:
     # Sums over every process's valid records (padding records count for nothing).
     sums, count = distributed.concat(({k: np.concatenate(v) for k, v in values.items()},
                                       np.concatenate(valid)))
-    return {f"eval/{self.prefix}reward/{k}" if k else f"eval/{self.prefix}reward_mean":
-            float(v.sum() / count.sum()) for k, v in sums.items()}
+    metrics = {f"eval/{self.prefix}reward/{k}" if k else f"eval/{self.prefix}reward_mean":
+               float(v.sum() / count.sum()) for k, v in sums.items()}
+    tools = self.player.tool_stats() if self.player is not None else {}
+    if tools.get("calls"):  # the valid-call rate of the held-out episodes (padding included)
+      metrics[f"eval/{self.prefix}env/tool_ok_frac"] = tools["ok"] / tools["calls"]
+    return metrics
 
   def report(self, writer, step: int, policy, row: dict | None = None) -> dict[str, float]:
     """Evaluates `policy`, prints the table line of `step` (with `row`'s training

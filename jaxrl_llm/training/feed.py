@@ -13,7 +13,7 @@ import numpy as np
 from jaxrl_llm import data, sampling
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.rewards import RewardSet
-from jaxrl_llm.training import async_rollouts
+from jaxrl_llm.training import async_rollouts, episodes
 from jaxrl_llm.training import rollout as rollout_lib
 from jaxrl_llm.training.plan import Plan
 from jaxrl_llm.training.resume import Start
@@ -50,10 +50,13 @@ class Feed:
     batches = training_batches(config, plan, start)
     tokenizer, policy = setup.tokenizer, setup.models.policy
     eos = rollout_lib.eos_ids(tokenizer, policy.config)
-    if plan.completions == "sample":
-      pad = rollout_lib.pad_id(tokenizer)
-      sampler = sampling.Sampler(rollout_lib.sampling_settings(config.sampling, eos, pad),
-                                 config.sampling.prompt_buckets)
+    pad = rollout_lib.pad_id(tokenizer)
+    settings = rollout_lib.sampling_settings(config.sampling, eos, pad)
+    if plan.completions == "sample" and any(s.multi_turn for s in plan.sources):
+      self.source = episodes.EpisodeRollouts(config, tokenizer, batches, plan.sources, settings,
+                                             plan.mixed)
+    elif plan.completions == "sample":
+      sampler = sampling.Sampler(settings, config.sampling.prompt_buckets)
       self.source = rollout_lib.SampledRollouts(
           config, tokenizer, batches, sampler,
           [RewardSet.from_config(s.rewards) for s in plan.sources],
@@ -61,6 +64,8 @@ class Feed:
           [data.Hint(s.algo.distill.hint_field, s.algo.distill.hint_template)
            if s.algo.distill.teacher == "self" else None for s in plan.sources]
           if plan.self_teacher else ())
+    elif plan.sources[0].multi_turn:  # SFT on conversations: the model's turns are the targets
+      self.source = episodes.ConversationRollouts(config, tokenizer, batches, plan.sources[0])
     else:
       self.source = rollout_lib.DatasetRollouts(config, tokenizer, batches, eos)
     self.pipeline = None
@@ -113,3 +118,5 @@ class Feed:
   def close(self) -> None:
     if self.pipeline is not None:
       self.pipeline.close()
+    if callable(getattr(self.source, "close", None)):
+      self.source.close()

@@ -31,12 +31,18 @@ def batch_arrays(r: Rollout, G: int, mask_truncated: bool) -> dict[str, np.ndarr
   loss_mask = r.mask * np.repeat(r.group_valid, G)[:, None]
   if mask_truncated:
     loss_mask = loss_mask * (~r.truncated)[:, None]
+  attention = r.mask if r.attention is None else r.attention
   out = {
       "tokens": np.concatenate([prompt_tokens, r.tokens], axis=1).astype(np.int32),
-      "attention_mask": np.concatenate([prompt_mask, r.mask], axis=1).astype(np.int32),
+      "attention_mask": np.concatenate([prompt_mask, attention], axis=1).astype(np.int32),
       "loss_mask": loss_mask.astype(np.int32),
       "rewards": r.rewards.astype(np.float32),  # [B]: every batch array's first axis is its rows
   }
+  if r.echo_weights is not None:  # echo: the environment's tokens of the weighted roles
+    out["echo_weights"] = (r.echo_weights * np.repeat(r.group_valid, G)[:, None]).astype(
+        np.float32)
+  if r.turn_rewards is not None:  # episodes: each step's reward on its turn's last token
+    out["turn_rewards"] = r.turn_rewards.astype(np.float32)
   if r.logprobs is not None:
     out["sampler_logp"] = r.logprobs.astype(np.float32)
   if r.sources is not None:  # a mixed run: each row's source (its per-row algorithm)
@@ -128,7 +134,7 @@ def prepare_batch(batch, policy, reference, value, teacher=None, baselines=None,
                      always=True)
       out["value_mask"] = (out["loss_mask"] * own).astype(out["loss_mask"].dtype)
   out.pop("rewards")
-  for key in ("sampler_logp", "hint_tokens", "hint_attention_mask"):
+  for key in ("sampler_logp", "hint_tokens", "hint_attention_mask", "turn_rewards"):
     out.pop(key, None)
   return out, metrics, baselines
 
@@ -173,7 +179,7 @@ def _advantages(batch, mask, plan: Plan, num_samples: int, old_logp, ref_logp, v
       rows_mask = mask * jnp.isin(source_B, jnp.asarray(members))[:, None].astype(mask.dtype)
     adv_i, returns_i = objectives.token_advantages(
         rewards_PG, rows_mask, algo, logp_BT=old_logp, ref_logp_BT=ref_logp, values_BT=values,
-        baselines_B=seen_B)
+        baselines_B=seen_B, turn_rewards_BT=batch.get("turn_rewards"))
     adv = adv_i if adv is None else adv + adv_i  # disjoint rows: 0 outside each's own
     if returns_i is not None:
       returns = returns_i if returns is None else returns + returns_i

@@ -40,6 +40,13 @@ class Rollout:
       (self-distillation, `data.hints`; a prompt of a source without one, alone), else None.
     source_positions: a mixed run's items taken from each source (a checkpoint stores
       them), else None.
+    attention: int32 [B, N], the completion tokens attended to when they differ from
+      `mask` (multi-turn episodes: the environment's tokens too; `training.episodes`),
+      else None.
+    echo_weights: float32 [B, N], echo's weight of each environment token
+      (`config.algo.echo`), else None; turn_rewards: float32 [B, N], each model turn's
+      step reward on its last token (episodes), else None.
+    episodes: each row's `envs.Episode.as_row()` (episodes), for rollouts.jsonl, else None.
   """
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
@@ -61,6 +68,10 @@ class Rollout:
   hint_tokens: np.ndarray | None = None
   hint_mask: np.ndarray | None = None
   stats: dict = dataclasses.field(default_factory=dict)
+  attention: np.ndarray | None = None
+  echo_weights: np.ndarray | None = None
+  turn_rewards: np.ndarray | None = None
+  episodes: list[dict] | None = None
 
 
 def eos_ids(tokenizer, model_config) -> tuple[int, ...]:
@@ -138,12 +149,14 @@ class SampledRollouts:
                                self.config.algo.distill.max_hint_len, self.pad,
                                indices=batch.indices)
 
-  def _score(self, batch: data.RecordBatch, prompts: list[str], completions: list[str]):
+  def _score(self, batch: data.RecordBatch, prompts: list[str], completions: list[str],
+             extra: dict[str, list] | None = None):
     """The rewards of a batch's completions, each row by its own source's functions
-    (named `SOURCE/FUNCTION` in a mixed run, NaN on the other sources' rows)."""
-    G = self.G
+    (named `SOURCE/FUNCTION` in a mixed run, NaN on the other sources' rows); `extra`:
+    more fields, one value per row (an episode's `turns` and `messages`)."""
+    G, extra = self.G, extra or {}
     if batch.sources is None:
-      return self.reward_sets[0](prompts, completions, **batch.fields(repeat=G))
+      return self.reward_sets[0](prompts, completions, **batch.fields(repeat=G), **extra)
     total = np.zeros(len(prompts), np.float32)
     per_function = {f"{name}/{fn}": np.full(len(prompts), np.nan, np.float32)
                     for name, rs in zip(self.source_names, self.reward_sets) for fn in rs.names}
@@ -152,7 +165,8 @@ class SampledRollouts:
       rows = np.flatnonzero(rows_source == i)
       if rows.size:
         scored = reward_set([prompts[r] for r in rows], [completions[r] for r in rows],
-                            **batch.subset(batch.sources == i).fields(repeat=G))
+                            **batch.subset(batch.sources == i).fields(repeat=G),
+                            **{k: [v[r] for r in rows] for k, v in extra.items()})
         total[rows] = scored.total
         for fn, values in scored.per_function.items():
           per_function[f"{name}/{fn}"][rows] = values

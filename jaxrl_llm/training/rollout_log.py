@@ -19,6 +19,13 @@ completion of its batch (every process's rows; process 0 writes):
                        ids, 1 on the tokens the RL loss trains (the model's), and the
                        sampler's log-probs there (0 elsewhere)
 
+A multi-turn source's row (`training.episodes`) is one episode: `messages` is the whole
+conversation, and it adds, per stretch of the episode in order (the opening, a model
+turn, an environment reply, ...), `turn_roles`, `turn_messages` (messages in it) and
+`turn_tokens`; `num_turns` and `turn_rewards` (the environment's reward per model turn);
+`reward_parts` holds `env` (their sum) beside the reward functions'; `ended` is one of
+done, eos, max_new_tokens, max_turns, max_episode_tokens, env_error.
+
 A resumed run drops the rows of the steps it redoes, as metrics.jsonl does.
 """
 from __future__ import annotations
@@ -53,9 +60,33 @@ class RolloutWriter:
       paths.append(self.path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
+def episode_rows(rollout, step: int, policy_version: int,
+                 source_names: tuple[str, ...]) -> list[dict]:
+  """The rows of a multi-turn rollout (`Rollout.episodes`), every process's."""
+  B, P = rollout.tokens.shape[0], rollout.prompt_tokens.shape[0]
+  G = B // P
+  sources = np.zeros(P, np.int32) if rollout.sources is None else rollout.sources
+  parts = rollout.stats.get("per_function", {})
+  rows = []
+  for b, episode in enumerate(rollout.episodes):
+    p = b // G
+    row = {"step": int(step), "source": source_names[int(sources[p])],
+           "policy_version": int(policy_version)}
+    row.update(episode)
+    row.update(reward=float(rollout.stats["total"][b]),
+               reward_parts={k: float(v[b]) for k, v in parts.items() if np.isfinite(v[b])},
+               reward_shaped=float(rollout.rewards[b]),
+               group_valid=bool(rollout.group_valid[p]))
+    rows.append(row)
+  texts = distributed.gather_strings([json.dumps(r) for r in rows])
+  return [json.loads(t) for t in texts]
+
+
 def rollout_rows(rollout, step: int, policy_version: int,
                  source_names: tuple[str, ...]) -> list[dict]:
-  """The rows of a single-turn rollout, every process's (one gather per field)."""
+  """The rows of a rollout, every process's (one gather per field)."""
+  if rollout.episodes is not None:
+    return episode_rows(rollout, step, policy_version, source_names)
   B, P = rollout.tokens.shape[0], rollout.prompt_tokens.shape[0]
   G = B // P
   local = dict(prompt_tokens=rollout.prompt_tokens, prompt_mask=rollout.prompt_mask,

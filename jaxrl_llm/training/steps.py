@@ -6,7 +6,8 @@ A training batch is a dict of arrays, B rows (prompt-major, G rows per prompt):
   old_logp [B, N] (absent: the step's own log-probs, stop-gradient), advantages [B, N]
   (or [B]); ref_logp [B, N] when the KL is in the loss; teacher_logp [B, N] with a
   distillation term; pg_weight [B] and distill_weight [B] in a mixed run (each row's
-  source's coefficients, `jaxrl_llm.config.sources`);
+  source's coefficients, `jaxrl_llm.config.sources`); echo_weights [B, N] with echo (the
+  environment's tokens of a multi-turn episode, `objectives.echo`);
   old_values [B, N], returns [B, N] for the value step (value_mask [B, N] in a mixed run:
   the tokens of its gae sources' rows).
 Which keys exist is decided by `config.algo`, once, in the loop; the steps never look
@@ -158,16 +159,21 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
   """
   row_weights = lambda rows: {k: rows[f"{k}_weight"] for k in ROW_WEIGHTS if f"{k}_weight" in rows}
   counts = objectives.loss_counts(batch["loss_mask"], row_weights(batch))
+  echo_count = objectives.echo_count(batch["echo_weights"]) if "echo_weights" in batch else None
 
   def loss_fn(params, piece):
     model = model_static.replace(params=params)
     logp, entropy = completion_logp(model, piece, temperature=temperature, chunk_size=chunk_size,
                                     entropy_grad=algo.loss.entropy_coef != 0)
     old_logp = piece.get("old_logp", jax.lax.stop_gradient(logp))  # absent: see loop._prepare
-    return objectives.policy_loss(logp, old_logp, piece["advantages"], piece["loss_mask"],
-                                  algo, ref_logp=piece.get("ref_logp"), entropy=entropy,
-                                  teacher_logp=piece.get("teacher_logp"),
-                                  row_weights=row_weights(piece), counts=counts)
+    loss, metrics = objectives.policy_loss(
+        logp, old_logp, piece["advantages"], piece["loss_mask"], algo,
+        ref_logp=piece.get("ref_logp"), entropy=entropy, teacher_logp=piece.get("teacher_logp"),
+        row_weights=row_weights(piece), counts=counts)
+    if echo_count is not None:  # L = Σ ℓ_rl / N_rl + Σ ℓ_echo / N_echo
+      echo, echo_metrics = objectives.echo_loss(logp, piece["echo_weights"], echo_count)
+      loss, metrics = loss + echo, dict(metrics, **echo_metrics)
+    return loss, metrics
 
   loss, metrics, grads = accumulate(loss_fn, state.policy_params, batch, num_micro)
   params, policy_opt, update_metrics = _apply_unless_nonfinite(

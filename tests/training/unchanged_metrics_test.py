@@ -9,7 +9,10 @@ changed every sampled token by design; the SFT case, which samples nothing, was 
 Re-recorded on 2026-12-01 (21:25 UTC) with the sampler's outputs placed by rows: the file of
 382509b had PPO's numbers from another state of the code (382509b itself logs these); only
 PPO moved, by rounding (first-step ratios within 1 +- 3e-4; a value clip flipping on one of
-128 tokens then moves grad_norm by 2%), every other case within 1e-5.
+128 tokens then moves grad_norm by 2%), every other case within 1e-5. PPO again on
+2026-12-02 (00:30 UTC), alone, on a new machine where 0269fed's code (before any change
+of that day) logged other PPO numbers than the file: the same kind of flip (value_clip_frac
+0.023 -> 0.031 at step 2).
 `python -m tests.training.record_metrics` records them again after a deliberate change.
 """
 import importlib

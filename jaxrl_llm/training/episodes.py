@@ -1,0 +1,418 @@
+"""Multi-turn rollouts: G episodes per prompt against a source's environment.
+
+A source with an environment (`config.data.env`, `config.sources.NAME.env`; README
+"Agents") is played as episodes: `env.reset(record)` opens a conversation, the policy
+samples a turn, `env.step(conversation)` answers it, and so on until the environment is
+done, `max_turns` model turns, or `max_episode_tokens` (`envs.episode` has the rules).
+The batch's episodes advance together, one turn at a time, over one KV cache kept between
+turns (`sampling.TurnSampler`: each turn prefills only what the environment added); their
+environments are stepped concurrently by `env_workers` instances in threads. An episode
+whose environment is done (or whose turn ended otherwise) sits the later turns out.
+
+The tokens are appended, never re-tokenized: the model's as sampled, the environment's as
+the chat template's suffix for its messages (`envs.ChatRenderer`), so the behaviour
+log-probs are those of the sequence the trainer reads. In the training batch an episode is
+its opening (the prompt, shared by its group) and everything after it in the completion
+region, right-padded to `max_episode_tokens`: the attention covers all its tokens, the loss
+mask only the model's, `echo_weights` the environment's tokens of the roles
+`config.algo.echo` weighs, and `turn_rewards` puts each step's reward on its turn's last
+token (what the token-level estimators, GAE, read).
+
+The episode's reward is the sum of its step rewards (`reward/env`) plus the source's reward
+functions, which score its last model turn as the completion and also receive the fields
+`turns` (every model turn's text) and `messages` (the conversation).
+
+An environment that raises stops the run with its `EnvError` (naming the environment, the
+record and the turn), or with `on_env_error = 'drop'` ends that episode ('env_error'):
+its group then carries no loss, counted in `env/dropped`.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import queue
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from jaxrl_llm import data, distributed, envs, models, objectives, sampling
+from jaxrl_llm.config.sources import Source
+from jaxrl_llm.envs import episode as episode_lib
+from jaxrl_llm.rewards import RewardSet
+from jaxrl_llm.training import rollout as rollout_lib
+
+MODEL = episode_lib.MODEL
+
+
+def local_model(policy: models.Model) -> models.Model:
+  """The policy on this process's first device, without a mesh (what TurnSampler runs)."""
+  device = jax.local_devices()[0]
+  return models.Model(jax.device_put(policy.params, device), policy.config)
+
+
+def turn_settings(settings: sampling.SamplingSettings, end_of_turn: int) -> sampling.SamplingSettings:
+  """`settings` whose stop tokens include the template's end-of-turn token."""
+  return dataclasses.replace(settings, eos_ids=tuple(sorted({end_of_turn, *settings.eos_ids})))
+
+
+class EpisodePlayer:
+  """Plays batches of one source's episodes; owns its environments and turn sampler.
+
+  Args:
+    source: the source (its `env` fields).
+    tokenizer: the policy's tokenizer (its chat template renders the episodes).
+    settings: the sampler's settings (`max_new_tokens`: one turn's limit).
+  """
+
+  def __init__(self, source: Source, tokenizer, settings: sampling.SamplingSettings):
+    self.source, self.fields = source, source.env
+    self.envs = [envs.environment_for(self.fields) for _ in range(self.fields["env_workers"])]
+    self.renderer = envs.renderer_for(tokenizer, self.envs[0])
+    self.end_of_turn, self.eos = self.renderer.end_of_turn_id, tokenizer.eos_token_id
+    self.settings = turn_settings(settings, self.end_of_turn)
+    T, N = self.fields["max_episode_tokens"], settings.max_new_tokens
+    self.sampler = sampling.TurnSampler(self.settings, 2 * T + self.fields["max_turns"] * (N + 8))
+    self.idle: queue.Queue = queue.Queue()
+    for env in self.envs:
+      self.idle.put(env)
+    self.pool = concurrent.futures.ThreadPoolExecutor(len(self.envs))
+    self.name = f"environment {source.env['env']!r}" + (f" of source {source.name!r}"
+                                                        if source.name else "")
+
+  def _with_env(self, fn, *args):
+    env = self.idle.get()
+    try:
+      return fn(env, *args)
+    finally:
+      self.idle.put(env)
+
+  def _each(self, fn, items: list) -> list:
+    """`fn(env, item)` for every item, on the idle environments, concurrently; an item whose
+    call raised an EnvError gives the error."""
+    def call(env, item):
+      try:
+        return fn(env, item)
+      except envs.EnvError as e:
+        if self.fields["on_env_error"] == "stop":
+          raise
+        return e
+    return list(self.pool.map(lambda item: self._with_env(call, item), items))
+
+  def _reset(self, env, job):
+    record, where = job
+    opening = envs.as_messages(envs.call_env(env, "reset", dict(record), where=where), where)
+    return episode_lib.Episode.start(self.renderer, opening)
+
+  def _step(self, env, job):
+    conversation, where = job
+    return envs.as_step_result(envs.call_env(env, "step", conversation, where=where), where)
+
+  def play(self, model: models.Model, records: Sequence[dict], indices: Sequence[int],
+           key: jax.Array) -> list[episode_lib.Episode]:
+    """One episode per record (repeat a record for G episodes), all ended. `model`: on one
+    device (`local_model`); episode b draws from fold_in(key, b) (`TurnSampler`)."""
+    T, N = self.fields["max_episode_tokens"], self.settings.max_new_tokens
+    where = [f"{self.name}, record {int(i)}" for i in indices]
+    episodes = self._each(self._reset, list(zip(records, where)))
+    for b, ep in enumerate(episodes):
+      if isinstance(ep, envs.EnvError):
+        episodes[b] = episode_lib.Episode()
+        episodes[b].end("env_error")
+      elif len(ep.tokens) >= T:
+        raise envs.EnvError(f"{where[b]}: the opening messages are {len(ep.tokens)} tokens, "
+                            f"which leaves no room within {self.source.field}."
+                            f"max_episode_tokens={T}: expected more")
+    new = [list(ep.tokens) if ep.ended is None else [] for ep in episodes]
+    self.sampler.start(model, len(episodes), key)
+    for turn in range(1, self.fields["max_turns"] + 1):
+      budgets = [min(N, T - len(ep.tokens)) if ep.ended is None else 0 for ep in episodes]
+      if not any(budgets):
+        break
+      out = self.sampler.turn(model, [n if b else [] for n, b in zip(new, budgets)], budgets)
+      stepping = []
+      for b, ep in enumerate(episodes):
+        if not budgets[b]:
+          continue
+        n = int(out.lengths[b])
+        ids = out.tokens[b, :n].tolist()
+        ep.add_model_turn(ids, out.logprobs[b, :n].tolist(), self.renderer.decode_turn(ids))
+        if ids[-1] != self.end_of_turn:
+          ep.end("eos" if ids[-1] == self.eos else
+                 "max_new_tokens" if n == N else "max_episode_tokens")
+        else:
+          stepping.append(b)
+      results = self._each(self._step, [([dict(m) for m in episodes[b].messages],
+                                         f"{where[b]}, turn {turn}") for b in stepping])
+      new = [[] for _ in episodes]
+      for b, result in zip(stepping, results):
+        ep = episodes[b]
+        if isinstance(result, envs.EnvError):
+          ep.end("env_error")
+          continue
+        ep.turn_rewards[-1], ep.turn_infos[-1] = result.reward, result.info
+        if result.done:
+          ep.end("done")
+        elif turn == self.fields["max_turns"]:
+          ep.end("max_turns")
+        elif ep.add_env_messages(self.renderer, result.messages, T):
+          new[b] = ep.tokens[-(ep.parts[-1][2] + 1):]  # the turn's last token, then the reply
+    for ep in episodes:
+      if ep.ended is None:  # every budget was 0: no room left
+        ep.end("max_episode_tokens")
+    return episodes
+
+  def tool_stats(self) -> dict[str, int]:
+    """The tool-call counts of every environment since the last call (ToolEnvs only)."""
+    total: dict[str, int] = {}
+    for env in self.envs:
+      stats = getattr(env, "tool_stats", None)
+      if stats is not None:
+        for k, v in stats.take().items():
+          total[k] = total.get(k, 0) + v
+    return total
+
+  def close(self) -> None:
+    self.pool.shutdown(wait=True)
+    for env in self.envs:
+      envs.loading.close(env)
+
+
+def last_turn_text(tokenizer, ep: episode_lib.Episode) -> str:
+  """The model's last turn as the reward functions' completion (special tokens dropped)."""
+  if not ep.turn_lengths:
+    return ""
+  n = ep.turn_lengths[-1]
+  ids = [t for t, r in zip(ep.tokens[-n:], ep.roles[-n:]) if r == MODEL] if n else []
+  return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def episode_fields(episodes: Sequence[episode_lib.Episode]) -> dict[str, list]:
+  """The reward functions' extra fields of episodes: `turns` (the model's turns' texts) and
+  `messages` (the conversation)."""
+  return dict(turns=[[m["content"] for m in ep.messages if m["role"] == MODEL]
+                     for ep in episodes],
+              messages=[[dict(m) for m in ep.messages] for ep in episodes])
+
+
+def _opening_length(ep: episode_lib.Episode) -> int:
+  return ep.parts[0][2] if ep.parts else 0
+
+
+def episode_arrays(episodes: Sequence[episode_lib.Episode], G: int, width: int,
+                   prompt_buckets: Sequence[int], pad: int, echo: dict[str, float]) -> dict:
+  """The batch's arrays of B = P * G episodes (prompt-major): the opening as the prompt
+  [P, S0] (left-padded to a bucket), the rest [B, width] (right-padded) with the loss mask
+  (the model's tokens), attention, behaviour log-probs, echo weights and turn rewards."""
+  B = len(episodes)
+  P = B // G
+  openings = []
+  for p in range(P):
+    group = [ep for ep in episodes[p * G:(p + 1) * G] if ep.ended != "env_error" or ep.parts]
+    firsts = [tuple(ep.tokens[:_opening_length(ep)]) for ep in group]
+    if len(set(firsts)) > 1:
+      raise envs.EnvError(f"reset() gave the {G} episodes of a record different openings: "
+                          "expected the same for all (a group shares its prompt)")
+    openings.append(list(firsts[0]) if firsts else [])
+  S0 = sampling.bucket_length(max(1, max(len(o) for o in openings)), prompt_buckets)
+  prompt_tokens, prompt_mask = sampling.left_pad(openings, S0, pad)
+  prompt_mask[:, -1] = 1  # a group dropped at reset still attends to one (pad) token
+  shape = (B, width)
+  tokens, mask, attention = np.full(shape, pad, np.int32), np.zeros(shape, np.int32), \
+      np.zeros(shape, np.int32)
+  logprobs, echo_w, turn_rewards = (np.zeros(shape, np.float32) for _ in range(3))
+  for b, ep in enumerate(episodes):
+    start = _opening_length(ep)
+    rest = ep.tokens[start:]
+    if len(rest) > width:
+      raise ValueError(f"episode {b} has {len(rest)} tokens after its opening, more than the "
+                       f"batch's {width}")
+    n = len(rest)
+    roles = ep.roles[start:]
+    tokens[b, :n] = rest
+    attention[b, :n] = 1
+    mask[b, :n] = [r == MODEL for r in roles]
+    logprobs[b, :n] = ep.logprobs[start:]
+    for t, role in enumerate(roles):
+      if role != MODEL:
+        echo_w[b, t] = echo.get(role.split("+")[0], 0.0)
+    ends = np.flatnonzero(mask[b, :n] & ~np.r_[mask[b, 1:n], 0].astype(bool))
+    for turn, t in enumerate(ends[:len(ep.turn_rewards)]):
+      turn_rewards[b, t] = ep.turn_rewards[turn]
+  return dict(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, mask=mask,
+              attention=attention, logprobs=logprobs, echo_weights=echo_w,
+              turn_rewards=turn_rewards)
+
+
+class EpisodeRollouts(rollout_lib.SampledRollouts):
+  """RL rollouts of multi-turn sources (see the module docstring), behind the interface of
+  `SampledRollouts` (`start(policy, key).finish()`, `summarize`)."""
+
+  def __init__(self, config, tokenizer, batches, run_sources: Sequence[Source],
+               settings: sampling.SamplingSettings, mixed: bool):
+    super().__init__(config, tokenizer, batches, None,
+                     [RewardSet.from_config(s.rewards) for s in run_sources],
+                     [s.name for s in run_sources] if mixed else ())
+    self.players = [EpisodePlayer(s, tokenizer, settings) for s in run_sources]
+    self.width = max(s.env["max_episode_tokens"] for s in run_sources)
+    self.echo = {k: float(v) for k, v in config.algo.echo.items() if v}
+
+  def start(self, policy, key: jax.Array) -> rollout_lib.Ready:
+    batch = next(self.batches)
+    return rollout_lib.Ready(self.play(local_model(policy), batch, key))
+
+  def play(self, model: models.Model, batch: data.RecordBatch, key: jax.Array
+           ) -> rollout_lib.Rollout:
+    """The rollout of `batch`: G episodes per record, scored and laid out for training."""
+    G, P = self.G, len(batch.records)
+    sources = batch.sources if batch.sources is not None else np.zeros(P, np.int32)
+    episodes: list = [None] * (P * G)
+    tool_stats: dict[str, int] = {}
+    for i, player in enumerate(self.players):
+      prompts = np.flatnonzero(sources == i)
+      if not prompts.size:
+        continue
+      rows = [p * G + g for p in prompts for g in range(G)]
+      played = player.play(model, [batch.records[p] for p in prompts for _ in range(G)],
+                           [batch.indices[p] for p in prompts for _ in range(G)],
+                           jax.random.fold_in(key, i))
+      for r, ep in zip(rows, played):
+        episodes[r] = ep
+      for k, v in player.tool_stats().items():
+        tool_stats[k] = tool_stats.get(k, 0) + v
+    arrays = episode_arrays(episodes, G, self.width, self.config.sampling.prompt_buckets,
+                            self.pad, self.echo)
+    completions = [last_turn_text(self.tokenizer, ep) for ep in episodes]
+    prompts = [p for p in batch.prompts for _ in range(G)]
+    scored = self._score(batch, prompts, completions, episode_fields(episodes))
+    env_reward = np.asarray([sum(ep.turn_rewards) for ep in episodes], np.float32)
+    dropped = np.asarray([ep.ended == "env_error" for ep in episodes])
+    total = np.where(dropped, 0.0, scored.total + env_reward).astype(np.float32)
+    per_function = dict(scored.per_function, env=env_reward)
+    group_valid = ~dropped.reshape(P, G).any(axis=1)
+    lengths = arrays["attention"].sum(axis=1).astype(np.int32)
+    truncated = np.asarray([ep.ended in ("max_new_tokens", "max_episode_tokens")
+                            for ep in episodes])
+    informative = np.asarray(objectives.dynamic_sampling_keep(total.reshape(P, G)))
+    ended = np.asarray([episode_lib.ENDINGS.index(ep.ended) for ep in episodes], np.int32)
+    stats = dict(
+        per_function=per_function, total=total, lengths=lengths, truncated=truncated,
+        group_valid=group_valid, shaped=total, truncated_prompts=np.asarray([0]),
+        informative=informative, sources=np.repeat(sources, G).astype(np.int32),
+        rounds=np.asarray([1]), turns=np.asarray([ep.num_turns for ep in episodes]),
+        model_tokens=arrays["mask"].sum(axis=1), ended=ended, dropped=dropped,
+        tool_stats={k: np.asarray([v]) for k, v in tool_stats.items()})
+    return rollout_lib.Rollout(
+        prompt_tokens=arrays["prompt_tokens"], prompt_mask=arrays["prompt_mask"],
+        tokens=arrays["tokens"], mask=arrays["mask"], logprobs=arrays["logprobs"],
+        lengths=lengths, truncated=truncated, rewards=total, group_valid=group_valid,
+        metrics={"reward_time_s": 0.0}, position=batch.position + 1, prompts=batch.prompts,
+        completions=completions,
+        sources=None if batch.sources is None else batch.sources.astype(np.int32),
+        source_positions=batch.source_positions, stats=stats,
+        attention=arrays["attention"],
+        echo_weights=arrays["echo_weights"] if self.echo else None,
+        turn_rewards=arrays["turn_rewards"], episodes=[ep.as_row() for ep in episodes])
+
+  def summarize(self, rollout: rollout_lib.Rollout) -> dict[str, float]:
+    """`SampledRollouts.summarize`'s metrics, and the episodes': `env/turns_mean`,
+    `env/model_tokens_mean`, `env/ended/WHY` (fractions), `env/dropped`, and with tools
+    `env/tool_calls`, `env/tool_ok_frac` (the valid-call rate) and `env/tool_CATEGORY`."""
+    metrics = super().summarize(rollout)
+    every = distributed.concat({k: v for k, v in rollout.stats.items() if k != "tool_stats"})
+    metrics["env/turns_mean"] = float(every["turns"].mean())
+    metrics["env/model_tokens_mean"] = float(every["model_tokens"].mean())
+    for i, why in enumerate(episode_lib.ENDINGS):
+      metrics[f"env/ended/{why}"] = float(np.mean(every["ended"] == i))
+    metrics["env/dropped"] = float(every["dropped"].sum())
+    if rollout.stats["tool_stats"]:
+      tools = {k: float(v.sum()) for k, v in
+               distributed.concat(rollout.stats["tool_stats"]).items()}
+      metrics["env/tool_calls"] = tools["calls"]
+      metrics["env/tool_ok_frac"] = tools["ok"] / tools["calls"] if tools["calls"] else 0.0
+      for k, v in tools.items():
+        if k not in ("calls",):
+          metrics[f"env/tool_{k}"] = v
+    return metrics
+
+  def close(self) -> None:
+    for player in self.players:
+      player.close()
+
+
+def demonstrated_episode(env, renderer, record: dict, turns: Sequence[dict], where: str
+                         ) -> episode_lib.Episode:
+  """A demonstration as an episode: `env.reset(record)`'s opening, then `turns` (the
+  conversation after it: the model's turns, role 'assistant', each closed by the
+  end-of-turn token, and the environment's replies) appended as sampled turns would be."""
+  opening = envs.as_messages(envs.call_env(env, "reset", dict(record), where=where), where)
+  ep = episode_lib.Episode.start(renderer, opening)
+  turns = envs.as_messages(list(turns), where, "the record's 'completion'")
+  i = 0
+  while i < len(turns):
+    if turns[i]["role"] == MODEL:
+      ids = renderer.encode(turns[i]["content"]) + [renderer.end_of_turn_id]
+      ep.add_model_turn(ids, [0.0] * len(ids), turns[i]["content"])
+      i += 1
+      continue
+    j = i
+    while j < len(turns) and turns[j]["role"] != MODEL:
+      j += 1
+    if not ep.turn_lengths:
+      raise envs.EnvError(f"{where}: the record's 'completion' starts with a {turns[i]['role']!r} "
+                          "message: expected the model's turn first (the opening is reset()'s)")
+    ep.add_env_messages(renderer, turns[i:j])
+    i = j
+  ep.end("done")
+  return ep
+
+
+class ConversationRollouts:
+  """SFT on multi-turn demonstrations: each record's `completion` is the conversation after
+  its environment's opening (a list of messages); the model's turns carry the loss, the
+  environment's messages are attended to (the interface of `rollout.DatasetRollouts`)."""
+
+  def __init__(self, config, tokenizer, batches, source: Source):
+    self.config, self.tokenizer, self.batches = config, tokenizer, batches
+    self.env = envs.environment_for(source.env)
+    self.renderer = envs.renderer_for(tokenizer, self.env)
+    self.width, self.pad = source.env["max_episode_tokens"], rollout_lib.pad_id(tokenizer)
+    self.name = f"environment {source.env['env']!r}"
+
+  def __call__(self, policy, key: jax.Array) -> rollout_lib.Rollout:
+    return self.start(policy, key).finish()
+
+  def start(self, policy, key: jax.Array) -> rollout_lib.Ready:
+    del policy, key
+    batch = next(self.batches)
+    played = []
+    for index, record in zip(batch.indices, batch.records):
+      where = f"{self.name}, record {int(index)}"
+      if not isinstance(record.get("completion"), list):
+        raise ValueError(f"{where}: expected the record's 'completion' to be a list of messages "
+                         "(a conversation), which SFT with an environment needs; got "
+                         f"{type(record.get('completion')).__name__}")
+      ep = demonstrated_episode(self.env, self.renderer, record, record["completion"], where)
+      if len(ep.tokens) - _opening_length(ep) > self.width:
+        raise ValueError(f"{where}: the demonstration has {len(ep.tokens)} tokens, more than "
+                         f"max_episode_tokens={self.width}: expected a larger max_episode_tokens")
+      played.append(ep)
+    arrays = episode_arrays(played, 1, self.width, self.config.sampling.prompt_buckets, self.pad,
+                            {})
+    P = len(played)
+    lengths = arrays["attention"].sum(axis=1).astype(np.int32)
+    return rollout_lib.Ready(rollout_lib.Rollout(
+        prompt_tokens=arrays["prompt_tokens"], prompt_mask=arrays["prompt_mask"],
+        tokens=arrays["tokens"], mask=arrays["mask"], logprobs=None, lengths=lengths,
+        truncated=np.zeros(P, bool), rewards=np.ones(P, np.float32),
+        group_valid=np.ones(P, bool), metrics={}, position=batch.position + 1,
+        prompts=batch.prompts,
+        completions=[last_turn_text(self.tokenizer, ep) for ep in played],
+        attention=arrays["attention"], stats=dict(
+            lengths=lengths, truncated=np.zeros(P, bool), truncated_prompts=np.asarray([0])),
+        episodes=[ep.as_row() for ep in played]))
+
+  summarize = rollout_lib.DatasetRollouts.summarize
+
+  def close(self) -> None:
+    envs.loading.close(self.env)
