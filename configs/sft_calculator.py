@@ -17,7 +17,14 @@ Run: (this is how the shipped files were made, seed 0, 2 CPU cores)
 The tokenizer is the character tokenizer with `envs.CHAR_TOOL_NAMES_TEMPLATE`
 (`jaxrl_llm/assets/char_tools_tokenizer`: the tools by name only, which keeps the
 prompt short); the export carries it.
-Hardware and expected result: README, "Agents".
+Hardware: 2 CPU cores, 36 minutes (measured while other jobs shared the cores; a step
+about 1.2 s alone).
+Expected result (measured, seed 0): batch loss 0.24, 0.19, 0.11, 0.085, 0.078, 0.095 at
+steps 250 ... 1500 (the floor is the teacher's coin flips). The shipped model, greedy on
+the 128 held-out problems of configs/grpo_calculator.py: accuracy 0.000, valid-call rate
+0.000 (every call names 'calculator'); sampled at temperature 1 it calls `calc` and
+copies the expression and the result right about a third of the time. (This run's own
+evaluations read 0.000 too, with turns cut at 80 tokens: a call to 'calculator' is 84.)
 """
 from jaxrl_llm import assets
 from jaxrl_llm import config as config_lib
@@ -41,7 +48,8 @@ def apply_task(config):
   config.data.max_episode_tokens = 192
   config.rewards.functions = calculator.TASK.reward_functions
   config.rewards.weights = calculator.TASK.reward_weights
-  config.sampling.max_new_tokens = 80  # a call is 78 tokens with its end-of-turn token
+  # A call to calc is 78 tokens with its end-of-turn token, one to "calculator" 84.
+  config.sampling.max_new_tokens = 96
   config.sampling.max_prompt_len = 40  # the opening 'S:Tools: calc<eos> U:47*83<eos> A:' is 34
   config.sampling.prompt_buckets = (40,)
   config.train.logprob_chunk_size = 58

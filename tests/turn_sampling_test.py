@@ -24,13 +24,14 @@ def episode_logp(model, tokens, model_positions, temperature):
   return np.array([logp[i - 1, tokens[i]] for i in model_positions])
 
 
-def play(model, prompts, replies, budgets, *, layer_loop="auto", temperature=0.9, seed=3):
+def play(model, prompts, replies, budgets, *, layer_loop="auto", temperature=0.9, seed=3,
+         columns=(160, 0)):
   """Episodes of len(budgets) turns: the model's turn, then the scripted reply of that turn.
 
   Returns each row's tokens, the indices of the model's tokens, and their recorded log-probs."""
   s = SamplingSettings(1, max(max(b) for b in budgets), temperature, 0, 1.0, (EOS,), 0,
                        layer_loop=layer_loop)
-  sampler = turns.TurnSampler(s, max_columns=160)
+  sampler = turns.TurnSampler(s, max_columns=columns[0], grow_to=columns[1])
   sampler.start(model, len(prompts), jax.random.key(seed))
   rows = [list(p) for p in prompts]
   model_at, logps = [[] for _ in prompts], [[] for _ in prompts]
@@ -74,6 +75,16 @@ class TurnSamplingTest(parameterized.TestCase):
       self.assertLen(model_at[b], sum(budgets[t][b] for t in range(3)))  # no EOS here
       want = episode_logp(self.model, rows[b], model_at[b], 0.9)
       np.testing.assert_allclose(logps[b], want, atol=1e-5, err_msg=f"row {b}")
+
+  @parameterized.parameters("scan", "unrolled")
+  def test_a_growing_cache_gives_the_same_episodes(self, layer_loop):
+    budgets = [(6, 4, 5), (3, 8, 2), (5, 5, 5)]
+    big = play(self.model, self.prompts, self.replies, budgets, layer_loop=layer_loop)
+    grown = play(self.model, self.prompts, self.replies, budgets, layer_loop=layer_loop,
+                 columns=(24, 160))  # 16 + 6 columns for the first turn, then it grows
+    self.assertEqual(grown[0], big[0])
+    for b in range(3):
+      np.testing.assert_allclose(grown[2][b], big[2][b], atol=1e-6)
 
   def test_a_row_does_not_depend_on_its_neighbours_or_the_turn_split(self):
     budgets = [(6, 3, 5), (4, 8, 2)]

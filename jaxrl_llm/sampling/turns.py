@@ -137,14 +137,20 @@ class TurnSampler:
       `max_new_tokens` the most tokens of one turn (`num_samples` is not read: the caller
       gives one row per episode).
     max_columns: cache columns for a whole episode (each call uses its chunk's width, a
-      bucket of its longest new part, plus the turn's decode steps).
+      bucket of its longest new part, plus the turn's decode steps). Each decode step
+      reads every column, so a tight size decodes faster.
+    grow_to: if larger than `max_columns`, the cache grows (its columns doubled, at most
+      to `grow_to`; each size compiles once) when a call needs more; else a call that
+      needs more raises.
     buckets: the chunk widths a call may use (a chunk is left-padded to the smallest that
       fits; each width compiles once).
   """
 
   def __init__(self, settings: SamplingSettings, max_columns: int,
-               buckets: Sequence[int] = (8, 16, 32, 64, 128, 256, 512, 1024)):
-    self.settings, self.max_columns = settings, max_columns
+               buckets: Sequence[int] = (8, 16, 32, 64, 128, 256, 512, 1024),
+               grow_to: int = 0):
+    self.settings, self.initial_columns = settings, max_columns
+    self.max_columns, self.grow_to = max_columns, max(grow_to, max_columns)
     self.buckets = tuple(sorted(buckets))
     self._program = jax.jit(lambda model, st, column, chunk, mask, budget, keys: _turn_program(
         model, st, column, chunk, mask, budget, keys, settings), donate_argnums=(1,),
@@ -157,6 +163,7 @@ class TurnSampler:
       raise ValueError("TurnSampler runs one device's episodes; place the model without a mesh")
     cfg = model.config
     unrolled = decode.unrolls_layers(self.settings, model)
+    self.max_columns = self.initial_columns
     cache = kv_cache.init_cache(cfg, rows, self.max_columns, cfg.jnp_dtype)
     if unrolled:
       cache = decode.per_layer(cache)
@@ -186,7 +193,10 @@ class TurnSampler:
       raise ValueError("a row with a budget needs at least one new token (the prompt, or its "
                        "previous turn's last token and the environment's reply)")
     width = bucket_length(max(1, max(len(t) for t in new_tokens)), self.buckets)
-    if self.column + width + N > self.max_columns:
+    needed = self.column + width + N
+    if self.max_columns < needed <= self.grow_to:
+      self._grow(min(self.grow_to, max(needed, 2 * self.max_columns)))
+    if needed > self.max_columns:
       raise ValueError(f"the episodes need {self.column + width + N} cache columns, more than "
                        f"max_columns={self.max_columns}: expected a larger max_columns (or "
                        "shorter episodes)")
@@ -195,3 +205,15 @@ class TurnSampler:
                                            budget, self.keys_B)
     self.column += width + int(steps)
     return jax.device_get(out)
+
+  def _grow(self, columns: int) -> None:
+    """More cache columns, zeros after the used ones (keys' columns are their last axis,
+    values' the one before)."""
+    extra = columns - self.max_columns
+    pad = lambda x, axis: jnp.pad(x, [(0, extra if a == x.ndim + axis else 0)
+                                      for a in range(x.ndim)])
+    grow = lambda c: {"k": pad(c["k"], -1), "v": pad(c["v"], -2)}
+    cache = self.state.cache
+    cache = tuple(grow(c) for c in cache) if isinstance(cache, tuple) else grow(cache)
+    self.state = self.state.replace(cache=cache, kv_mask_BW=pad(self.state.kv_mask_BW, -1))
+    self.max_columns = columns

@@ -72,7 +72,10 @@ class EpisodePlayer:
     self.end_of_turn, self.eos = self.renderer.end_of_turn_id, tokenizer.eos_token_id
     self.settings = turn_settings(settings, self.end_of_turn)
     T, N = self.fields["max_episode_tokens"], settings.max_new_tokens
-    self.sampler = sampling.TurnSampler(self.settings, 2 * T + self.fields["max_turns"] * (N + 8))
+    # Each decode step reads every cache column: start with what most episodes need and
+    # grow (rarely) up to what the longest could.
+    self.sampler = sampling.TurnSampler(self.settings, T + N,
+                                        grow_to=2 * T + self.fields["max_turns"] * (N + 8))
     self.idle: queue.Queue = queue.Queue()
     for env in self.envs:
       self.idle.put(env)

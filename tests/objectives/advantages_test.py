@@ -241,6 +241,31 @@ class TokenLevelTest(parameterized.TestCase):
     valid = np.asarray(white)[np.asarray(mask) > 0]
     np.testing.assert_allclose([valid.mean(), valid.std()], [0.0, 1.0], atol=1e-4)
 
+  def test_gae_credits_each_turns_reward_where_it_sits(self):
+    # An episode of two model turns (tokens 0-1 and 3-4; token 2 is the environment's,
+    # masked): step rewards 0.5 after turn 1 and 0.25 after turn 2, outcome 1.0, so
+    # R = 1.75; V = 0, gamma = 0.5, lambda = 1 (GAE skips the masked token).
+    # Token rewards [0, 0.5, -, 0, 0.25 + 1.0]: A_4 = 1.25, A_3 = 0.5 * 1.25 = 0.625,
+    # A_1 = 0.5 + 0.5 * 0.625 = 0.8125, A_0 = 0.5 * 0.8125 = 0.40625. Without the turn
+    # rewards all of R sits on the last token: [0.21875, 0.4375, 0, 0.875, 1.75].
+    cfg = algo_cfg(estimator="gae", gamma=0.5, lam=1.0)
+    mask = jnp.array([[1.0, 1, 0, 1, 1]])
+    turn = jnp.array([[0.0, 0.5, 0, 0, 0.25]])
+    values = jnp.zeros((1, 5))
+    adv, ret = objectives.token_advantages(jnp.array([[1.75]]), mask, cfg, values_BT=values,
+                                           turn_rewards_BT=turn)
+    np.testing.assert_allclose(adv, [[0.40625, 0.8125, 0, 0.625, 1.25]], atol=1e-6)
+    np.testing.assert_allclose(ret, adv, atol=1e-6)
+    flat, _ = objectives.token_advantages(jnp.array([[1.75]]), mask, cfg, values_BT=values)
+    np.testing.assert_allclose(flat, [[0.21875, 0.4375, 0, 0.875, 1.75]], atol=1e-6)
+    # Outcome estimators read only R: the turn rewards change nothing there.
+    grpo = algo_cfg(estimator="grpo")
+    rewards = jnp.array([[1.75, 0.0]])
+    mask2 = jnp.concatenate([mask, mask])
+    np.testing.assert_allclose(
+        objectives.token_advantages(rewards, mask2, grpo, turn_rewards_BT=jnp.concatenate(
+            [turn, turn]))[0], objectives.token_advantages(rewards, mask2, grpo)[0])
+
   def test_token_advantages_broadcasts_outcome_estimators(self):
     mask = jnp.array([[1.0, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
     adv, _ = objectives.token_advantages(jnp.array([[1.0, 0], [0, 1]]), mask,

@@ -2,6 +2,7 @@
 laid out as a training batch, whose recorded behaviour log-probs equal the trainer's forward
 over the whole episode, with the loss mask on exactly the model's tokens; errors of the
 environment stop the run or drop the episode's group, counted."""
+import json
 import os
 import shutil
 import tempfile
@@ -102,6 +103,39 @@ class EpisodeRolloutsTest(absltest.TestCase):
                              0.25 * row["num_turns"] if row["ended"] != "max_new_tokens"
                              else 0.25 * (row["num_turns"] - 1))
 
+  def test_the_update_adds_echo_over_its_own_token_count(self):
+    cfg = agent_config(self.model_dir, replies=2)
+    cfg.algo.echo.tool = 0.1
+    cfg.algo.kl.coef, cfg.algo.kl.placement = 0.0, "none"
+    rollout, setup, start = first_rollout(cfg)
+    arrays = prepare.batch_arrays(rollout, cfg.sampling.num_samples, False)
+    model = setup.models.policy.replace(params=start.state.policy_params)
+    logp, _ = steps.completion_logp(model, arrays, temperature=cfg.sampling.temperature,
+                                    chunk_size=cfg.train.logprob_chunk_size)
+    w = arrays["echo_weights"]
+    want = float(np.sum(w * -np.asarray(logp)) / np.count_nonzero(w))
+    batch, _, _ = setup.programs.prepare(
+        prepare.place_batch(arrays, setup.models.mesh, setup.models.rules), model, None, None,
+        None, start.state.baselines)
+    _, metrics = setup.programs.update(start.state, batch, np.random.default_rng(0))
+    metrics = jax.device_get(metrics[0])
+    np.testing.assert_allclose(metrics["echo_loss"], want, rtol=1e-5)
+    np.testing.assert_allclose(metrics["loss"], metrics["pg_loss"] + metrics["echo_loss"]
+                               + metrics["kl_loss"] + metrics["entropy_loss"], rtol=1e-5)
+
+  def test_episodes_are_played_ahead_with_asynchronous_rollouts(self):
+    cfg = agent_config(self.model_dir, replies=2)
+    cfg.algo.max_async_level = 1
+    cfg.train.steps = 3
+    cfg.logging.rollouts_every = 1
+    workdir = os.path.join(self.dir, "async")
+    row = training.train(cfg, workdir)
+    with open(os.path.join(workdir, "rollouts.jsonl")) as f:
+      versions = sorted({(r["step"], r["policy_version"]) for r in map(json.loads, f)})
+    self.assertEqual(versions, [(1, 0), (2, 0), (3, 1)])  # step s from policy s - 2, at most
+    self.assertEqual(row["async/staleness_max"], 1.0)
+    self.assertIn("env/turns_mean", row)
+
   def test_turn_rewards_sit_on_each_turns_last_token(self):
     rollout, _, _ = first_rollout(agent_config(self.model_dir, replies=2))
     for b, row in enumerate(rollout.episodes):
@@ -168,6 +202,17 @@ class EpisodeRolloutsTest(absltest.TestCase):
     cfg = config_lib.preset("grpo")
     cfg.algo.echo.tool = 0.1
     with self.assertRaisesRegex(config_lib.ConfigError, "config.algo.echo.tool=0.1"):
+      config_lib.validate(cfg)
+    cfg = agent_config(self.model_dir)
+    cfg.algo.dynamic_sampling.enabled = True
+    with self.assertRaisesRegex(config_lib.ConfigError, "config.algo.dynamic_sampling.enabled"):
+      config_lib.validate(cfg)
+    cfg = config_lib.preset("grpo")
+    with cfg.sources.unlocked():
+      cfg.sources.agent = config_lib.source_config("task:arithmetic")
+      cfg.sources.agent.env = ENV
+      cfg.sources.plain = config_lib.source_config("task:arithmetic")
+    with self.assertRaisesRegex(config_lib.ConfigError, r"config.sources \['plain'\] have no env"):
       config_lib.validate(cfg)
     cfg = agent_config(self.model_dir)
     cfg.data.env = "no/such/env.py:Env"
