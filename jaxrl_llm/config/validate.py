@@ -341,8 +341,6 @@ def _check_envs(config) -> None:
     raise ConfigError(f"config.sources {single} have no env while others do: expected every "
                       "source of a multi-turn run to name an environment (a single-turn source "
                       "can be one whose environment is done after the first turn)")
-  if config.data.completions == "dataset" and config.sampling.num_samples != 1:
-    return  # _check_data's message
   if jax.process_count() > 1:
     raise ConfigError(f"{multi[0].field}.env={multi[0].env['env']!r}: multi-turn episodes are "
                       f"played on one process for now, and this run has {jax.process_count()}: "

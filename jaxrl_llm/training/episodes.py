@@ -198,6 +198,11 @@ def episode_fields(episodes: Sequence[episode_lib.Episode]) -> dict[str, list]:
               messages=[[dict(m) for m in ep.messages] for ep in episodes])
 
 
+def env_rewards(episodes: Sequence[episode_lib.Episode]) -> np.ndarray:
+  """Each episode's step rewards summed: float32 [B] (the reward part `env`)."""
+  return np.asarray([sum(ep.turn_rewards) for ep in episodes], np.float32)
+
+
 def _opening_length(ep: episode_lib.Episode) -> int:
   return ep.parts[0][2] if ep.parts else 0
 
@@ -288,7 +293,7 @@ class EpisodeRollouts(rollout_lib.SampledRollouts):
     completions = [last_turn_text(self.tokenizer, ep) for ep in episodes]
     prompts = [p for p in batch.prompts for _ in range(G)]
     scored = self._score(batch, prompts, completions, episode_fields(episodes))
-    env_reward = np.asarray([sum(ep.turn_rewards) for ep in episodes], np.float32)
+    env_reward = env_rewards(episodes)
     dropped = np.asarray([ep.ended == "env_error" for ep in episodes])
     total = np.where(dropped, 0.0, scored.total + env_reward).astype(np.float32)
     per_function = dict(scored.per_function, env=env_reward)
@@ -333,9 +338,7 @@ class EpisodeRollouts(rollout_lib.SampledRollouts):
                distributed.concat(rollout.stats["tool_stats"]).items()}
       metrics["env/tool_calls"] = tools["calls"]
       metrics["env/tool_ok_frac"] = tools["ok"] / tools["calls"] if tools["calls"] else 0.0
-      for k, v in tools.items():
-        if k not in ("calls",):
-          metrics[f"env/tool_{k}"] = v
+      metrics.update({f"env/tool_{k}": v for k, v in tools.items() if k != "calls"})
     return metrics
 
   def close(self) -> None:

@@ -53,7 +53,7 @@ class Evaluator:
       completions = [episodes.last_turn_text(self.tokenizer, ep) for ep in played]
       scored = self.reward_set(batch.prompts, completions, **batch.fields(),
                                **episodes.episode_fields(played))
-      env = np.asarray([sum(ep.turn_rewards) for ep in played], np.float32)
+      env = episodes.env_rewards(played)
       return completions, Rewards(scored.total + env, dict(scored.per_function, env=env))
     tok = data.tokenize_prompts(self.tokenizer, batch.prompts, self.config.data,
                                 self.config.sampling.prompt_buckets, indices=batch.indices)

@@ -127,6 +127,8 @@ class EpisodeRolloutsTest(absltest.TestCase):
     cfg = agent_config(self.model_dir, replies=2)
     cfg.algo.max_async_level = 1
     cfg.train.steps = 3
+    cfg.train.eval_every = 3
+    cfg.data.task_options = dict(num_eval=8)
     cfg.logging.rollouts_every = 1
     workdir = os.path.join(self.dir, "async")
     row = training.train(cfg, workdir)
@@ -135,6 +137,8 @@ class EpisodeRolloutsTest(absltest.TestCase):
     self.assertEqual(versions, [(1, 0), (2, 0), (3, 1)])  # step s from policy s - 2, at most
     self.assertEqual(row["async/staleness_max"], 1.0)
     self.assertIn("env/turns_mean", row)
+    # Evaluation plays greedy episodes: the step rewards are its `env` part.
+    self.assertEqual(row["eval/reward/env"], 0.25 * (2 + 1))
 
   def test_turn_rewards_sit_on_each_turns_last_token(self):
     rollout, _, _ = first_rollout(agent_config(self.model_dir, replies=2))
