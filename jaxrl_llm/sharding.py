@@ -32,13 +32,18 @@ MLP = "mlp"
 VOCAB = "vocab"
 CACHE_SEQ = "cache_seq"
 LAYERS = "layers"
-LOGICAL_AXES = (BATCH, SEQ, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB, CACHE_SEQ, LAYERS)
+EXPERT = "expert"  # the experts of an MoE layer (`models.moe`)
+LOGICAL_AXES = (BATCH, SEQ, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB, CACHE_SEQ, LAYERS, EXPERT)
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+# A mesh config may leave these out (size 1): configs and tests written before the axis.
+_OPTIONAL_MESH_AXES = ("expert",)
 
-# Batch over data and fsdp; parameters gathered over fsdp; heads, MLP and vocab over tensor.
+# Batch over data, fsdp and expert; parameters gathered over fsdp; experts over expert
+# (expert parallelism: outside the MoE layers the expert axis is one more data axis); heads,
+# MLP and vocab over tensor.
 DEFAULT_RULES = (
-    (BATCH, ("data", "fsdp")),
+    (BATCH, ("data", "fsdp", "expert")),
     (EMBED, "fsdp"),
     (HEADS, "tensor"),
     (KV_HEADS, "tensor"),
@@ -48,6 +53,7 @@ DEFAULT_RULES = (
     (SEQ, None),
     (CACHE_SEQ, None),
     (LAYERS, None),
+    (EXPERT, "expert"),
 )
 
 Rules = Sequence[tuple[str, Any]]
@@ -67,11 +73,13 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
       them may be -1, meaning "all the devices the others leave".
     devices: defaults to all devices of all processes.
   Returns:
-    A `jax.sharding.Mesh` with axis names ('data', 'fsdp', 'tensor').
+    A `jax.sharding.Mesh` with axis names MESH_AXES ('data', 'fsdp', 'expert', 'tensor').
   """
   devices = list(jax.devices() if devices is None else devices)
   get = mesh_cfg.get if isinstance(mesh_cfg, dict) else lambda k: getattr(mesh_cfg, k)
-  shape = {axis: int(get(axis)) for axis in MESH_AXES}
+  has = (lambda k: k in mesh_cfg) if isinstance(mesh_cfg, dict) else lambda k: hasattr(mesh_cfg, k)
+  shape = {axis: int(get(axis)) if has(axis) or axis not in _OPTIONAL_MESH_AXES else 1
+           for axis in MESH_AXES}
   for axis, size in shape.items():
     if size == 0 or size < -1:
       raise ValueError(f"config.mesh.{axis}={size}: expected a positive size or -1")
@@ -133,7 +141,7 @@ def split_meshes(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> tuple
                      f"gives the sampler {per} of its {min(len(o) for o in own)} devices, leaving "
                      "the trainer none there; expected fewer")
   sampler = [d for o in own for d in o[:per]]
-  rollout = Mesh(np.asarray(sampler).reshape(len(processes), 1, per), MESH_AXES)
+  rollout = Mesh(np.asarray(sampler).reshape(len(processes), 1, 1, per), MESH_AXES)
   return make_mesh(mesh_cfg, [d for d in devices if d not in sampler]), rollout
 
 

@@ -9,7 +9,14 @@ ARCHS = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
 }
+# The MoE sizes of the tiny models: 6 experts of width 20, 2 per token.
+TINY_MOE = {"qwen3_moe": dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=20,
+                              head_dim=12),
+            "mixtral": dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=20,
+                            sliding_window=None)}
 
 # Odd sizes on purpose: nothing may silently rely on powers of two.
 TINY = dict(vocab_size=97, hidden_size=40, intermediate_size=72, num_hidden_layers=3,
@@ -23,6 +30,7 @@ def make_hf_model(arch: str, *, tied: bool = False, seed: int = 0, **overrides):
   kw = dict(TINY, tie_word_embeddings=tied)
   if arch == "qwen3":
     kw["head_dim"] = 12  # != hidden / heads, as in real Qwen3 checkpoints
+  kw.update(TINY_MOE.get(arch, {}))
   kw.update(overrides)
   torch.manual_seed(seed)
   model = model_cls(config_cls(**kw)).eval()

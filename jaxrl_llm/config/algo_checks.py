@@ -114,6 +114,7 @@ def _check_rest(cfg, errors: list[str]) -> None:
   _one_of(errors, "algo.old_logp", cfg.old_logp, OLD_LOGP_SOURCES)
   if cfg.tis_cap < 0:
     errors.append(f"algo.tis_cap = {cfg.tis_cap} must be >= 0 (0 = off).")
+  _one_of(errors, "algo.routing_replay", cfg.get("routing_replay", "off"), ROUTING_REPLAY)
   _check_off_policy(cfg, errors)
   _check_distill(cfg, errors)
   if cfg.dynamic_sampling.enabled and cfg.dynamic_sampling.max_rounds < 1:
@@ -126,6 +127,8 @@ def _check_rest(cfg, errors: list[str]) -> None:
 
 
 DISTILL_TEACHERS = ("model", "self")
+# MoE routing replay: off, or the trainer's forwards use the experts the sampler chose.
+ROUTING_REPLAY = ("off", "rollout")
 
 
 def _check_distill(cfg, errors: list[str]) -> None:

@@ -29,6 +29,11 @@ def model_config() -> ConfigDict:
       "param_dtype": "float32",
       "remat": "full",  # full | dots (keep matmul outputs) | none: what backward keeps per layer
       "attention": "auto",  # auto | xla | blockwise | cudnn | splash (training attention kernel)
+      # MoE models (docs/moe.md): the update's router losses (-1: config.json's
+      # router_aux_loss_coef; the built-in arch's is 0), and how the experts run
+      "router_aux_loss_coef": -1.0,
+      "router_z_loss_coef": 0.0,
+      "moe_impl": "auto",  # auto | ragged (jax.lax.ragged_dot) | blocked (padded blocks; CPU)
       "arch": {
           "model_type": "llama",
           "vocab_size": 512,
@@ -42,6 +47,12 @@ def model_config() -> ConfigDict:
           "rms_norm_eps": 1e-6,
           "tie_word_embeddings": False,
           "max_position_embeddings": 512,
+          # model_type qwen3_moe or mixtral: every layer's MLP is num_experts experts of width
+          # moe_intermediate_size, num_experts_per_tok of them per token
+          "num_experts": 0,
+          "num_experts_per_tok": 2,
+          "moe_intermediate_size": 64,
+          "norm_topk_prob": True,
       },
   })
 
@@ -58,12 +69,13 @@ def mesh_config() -> ConfigDict:
   return ConfigDict({
       "data": -1,  # -1: all devices the other axes leave
       "fsdp": 1,
+      "expert": 1,  # expert parallelism: an MoE layer's experts split over this many devices
       "tensor": 1,
       # > 0: the sampler gets the first n devices (its own mesh, tensor-parallel) and data/fsdp/
       # tensor above describe the trainer's mesh over the rest; 0: both share every device.
       "rollout_devices": 0,
       "rules": (
-          ("batch", ("data", "fsdp")),
+          ("batch", ("data", "fsdp", "expert")),
           ("embed", "fsdp"),
           ("heads", "tensor"),
           ("kv_heads", "tensor"),
@@ -73,6 +85,7 @@ def mesh_config() -> ConfigDict:
           ("seq", None),
           ("cache_seq", None),
           ("layers", None),
+          ("expert", "expert"),
       ),
   })
 
@@ -161,6 +174,9 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
       # logging behaviour_mask_frac. Both act only with old_logp 'recompute' (what 'auto' picks
       # with a mask, or in bf16); with 'sampler', o = b and w = 1.
       "behaviour_mask": {"level": "off", "low": 0.5, "high": 2.0},  # off | token | sequence
+      # MoE policies: off | rollout (R3: the old-log-prob pass and the update route every token
+      # to the experts the sampler chose, weighted by the live router; the static engine only)
+      "routing_replay": "off",
       # Asynchronous rollouts: the rollouts of step s may come from the policy after update
       # s - max_async_level (sampled while the updates in between run); 0 = synchronous.
       "max_async_level": 0,

@@ -53,6 +53,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_model(config.model)
     _check_sources(config)
     _check_envs(config)
+    _check_routing_replay(config)
     _check_teacher(config)
     RewardSet.from_config(config.rewards)  # resolves the functions, checks the weights
     if workdir is not None:
@@ -273,6 +274,20 @@ def _check_batch_shards(config, devices) -> None:
 def _check_model(m) -> None:
   _one_of("model.remat", m.remat, model_config.REMAT_POLICIES)
   _one_of("model.attention", m.attention, model_config.ATTENTION_IMPLS)
+  _one_of("model.moe_impl", m.moe_impl, model_config.MOE_IMPLS)
+  _one_of("model.arch.model_type", m.arch.model_type, model_config.SUPPORTED_MODEL_TYPES)
+  if m.router_z_loss_coef < 0:
+    _fail("model.router_z_loss_coef", m.router_z_loss_coef, "a weight >= 0 (0 = off)")
+  if m.router_aux_loss_coef < 0 and m.router_aux_loss_coef != -1:
+    _fail("model.router_aux_loss_coef", m.router_aux_loss_coef,
+          "a weight >= 0, or -1 for config.json's router_aux_loss_coef")
+  a = m.arch
+  if not m.path and a.model_type in model_config.MOE_MODEL_TYPES:
+    if not 0 < a.num_experts_per_tok <= a.num_experts:
+      _fail("model.arch.num_experts_per_tok", a.num_experts_per_tok,
+            f"1 to model.arch.num_experts={a.num_experts} (an MoE arch needs num_experts > 0)")
+    if a.moe_intermediate_size <= 0:
+      _fail("model.arch.moe_intermediate_size", a.moe_intermediate_size, "a positive width")
   for name in ("dtype", "param_dtype"):
     _one_of(f"model.{name}", m[name], model_config.DTYPES)
   if m.path:
@@ -307,6 +322,26 @@ def _check_sources(config) -> None:
 
 
 ENV_ERRORS = ("stop", "drop")  # on_env_error
+
+
+def _check_routing_replay(config) -> None:
+  """Routing replay needs an MoE policy and a sampler that records its experts."""
+  if config.algo.routing_replay != "rollout":
+    return
+  m = config.model
+  model_type = (model_load.read_config(m.path).get("model_type") if m.path
+                else m.arch.model_type)
+  if model_type not in model_config.MOE_MODEL_TYPES:
+    _fail("algo.routing_replay", "rollout", f"'off': the policy (model_type={model_type!r}) is "
+          f"not a mixture of experts (one of {list(model_config.MOE_MODEL_TYPES)})")
+  s = config.sampling
+  engine = sampling.SamplingSettings(s.num_samples, s.max_new_tokens, engine=s.engine)
+  if engine.resolved_engine() != "static":
+    _fail("algo.routing_replay", "rollout", "'off', or config.sampling.engine='static' (the "
+          "static engine records the experts; "
+          f"engine={s.engine!r} with max_new_tokens={s.max_new_tokens} is continuous)")
+  if any(source.multi_turn for source in sources_lib.run_sources(config)):
+    _fail("algo.routing_replay", "rollout", "'off': multi-turn episodes do not record experts")
 
 
 def _check_envs(config) -> None:

@@ -178,14 +178,18 @@ def positions_from_mask(mask_BT: jax.Array) -> jax.Array:
 
 
 def forward(model: Model, tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0,
-            return_hidden=False, rope=None):
+            return_hidden=False, rope=None, routing_BTLk=None, with_router=False):
   """One call of the transformer (not jitted: call it inside your own jitted function).
 
   `rope`: the positions' (cos, sin) tables when the caller computes them itself.
-  Returns (logits [B, T, V] float32 | values [B, T] | hidden [B, T, D], new cache or None).
+  An MoE model: `routing_BTLk` replays recorded experts (int32 [B, T, MoE layers, k], -1:
+  the live choice), and `with_router` adds its routing to the result
+  (`transformer.routing_summary`; None for a dense model).
+  Returns (logits [B, T, V] float32 | values [B, T] | hidden [B, T, D], new cache or None
+  [, routing]).
   """
   return model.module.apply({"params": model.params}, tokens_BT, positions_BT, kv_mask_BS,
-                            cache, cache_index, return_hidden, rope)
+                            cache, cache_index, return_hidden, rope, routing_BTLk, with_router)
 
 
 def unembed(model: Model, hidden_BTD):

@@ -1,7 +1,9 @@
 """ModelConfig: the architecture of one decoder, read from and written to HF `config.json`.
 
-One config covers the Llama 3 family, Qwen2 (q/k/v bias) and Qwen3 (q/k RMSNorm). The
-fields are hashable so a config can be a static argument of `jax.jit`.
+One config covers the Llama 3 family, Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm) and the
+mixture-of-experts Qwen3-MoE and Mixtral (`num_experts` > 0; the MoE layers are
+`moe_layers`, the others dense). The fields are hashable so a config can be a static
+argument of `jax.jit`.
 """
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+MOE_MODEL_TYPES = ("qwen3_moe", "mixtral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 HEADS = ("lm", "value")
@@ -22,6 +25,8 @@ HEADS = ("lm", "value")
 REMAT_POLICIES = ("none", "dots", "full")
 # Training attention (`attention.causal_attention`): 'auto' picks per platform and shape.
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
+# How an MoE layer runs its experts (`moe.expert_ffn`): 'auto' picks per platform.
+MOE_IMPLS = ("auto", "ragged", "blocked")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +34,7 @@ class ModelConfig:
   """Architecture and numerics of a decoder-only transformer.
 
   Attributes:
-    model_type: 'llama', 'qwen2' or 'qwen3' (only changes the defaults of the flags below
+    model_type: one of SUPPORTED_MODEL_TYPES (only changes the defaults of the flags below
       and the `model_type` written back to config.json).
     vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
     head_dim: the shapes (V, D, F, L, H, K, Dh).
@@ -48,6 +53,17 @@ class ModelConfig:
     attention: the training attention kernel, one of ATTENTION_IMPLS.
     head: 'lm' (next-token logits) or 'value' (one scalar per position, for PPO's critic).
     bos_token_id, eos_token_id, pad_token_id: carried over from config.json (eos may be a tuple).
+    num_experts: E, experts per MoE layer (0: a dense model).
+    num_experts_per_tok: k, experts each token is routed to.
+    moe_intermediate_size: F of each expert (the dense layers keep `intermediate_size`).
+    norm_topk_prob: the k routing weights are renormalised to sum to 1 (Mixtral always;
+      Qwen3-MoE's `norm_topk_prob`).
+    moe_layers: the indices of the MoE layers (None: every layer, when num_experts > 0);
+      from Qwen3-MoE's `decoder_sparse_step` and `mlp_only_layers`.
+    router_aux_loss_coef: the weight of the load-balancing loss in an update (config.json's,
+      written back; the trainer's `config.model.router_aux_loss_coef` may replace it).
+    router_z_loss_coef: the weight of the router z-loss in an update (0: off).
+    moe_impl: how the experts run, one of MOE_IMPLS (`moe.expert_ffn`).
   """
 
   vocab_size: int
@@ -75,6 +91,14 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
   pad_token_id: int | None = None
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = True
+  moe_layers: tuple[int, ...] | None = None
+  router_aux_loss_coef: float = 0.0
+  router_z_loss_coef: float = 0.0
+  moe_impl: str = "auto"
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -95,6 +119,22 @@ class ModelConfig:
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
                        f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
+    if self.moe_impl not in MOE_IMPLS:
+      raise ValueError(f"moe_impl={self.moe_impl!r}: expected one of {list(MOE_IMPLS)}")
+    if (self.num_experts > 0) != (self.model_type in MOE_MODEL_TYPES):
+      raise ValueError(f"model_type={self.model_type!r} with num_experts={self.num_experts}: "
+                       f"expected num_experts > 0 exactly for {list(MOE_MODEL_TYPES)}")
+    if self.num_experts > 0:
+      if not 0 < self.num_experts_per_tok <= self.num_experts:
+        raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok}: expected 1 to "
+                         f"num_experts={self.num_experts}")
+      if self.moe_intermediate_size <= 0:
+        raise ValueError(f"moe_intermediate_size={self.moe_intermediate_size}: expected a "
+                         "positive integer")
+      bad = [i for i in self.moe_layers or () if not 0 <= i < self.num_layers]
+      if bad or list(self.moe_layers or ()) != sorted(set(self.moe_layers or ())):
+        raise ValueError(f"moe_layers={self.moe_layers}: expected increasing layer indices in "
+                         f"[0, {self.num_layers})")
     rope_type = self.rope_params.get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
       raise ValueError(f"rope_scaling rope_type={rope_type!r} is not supported; "
@@ -111,6 +151,41 @@ class ModelConfig:
   @property
   def jnp_param_dtype(self):
     return DTYPES[self.param_dtype]
+
+  @property
+  def is_moe(self) -> bool:
+    return self.num_experts > 0
+
+  @property
+  def layer_kinds(self) -> tuple[str, ...]:
+    """'moe' or 'dense' for each layer."""
+    if not self.is_moe:
+      return ("dense",) * self.num_layers
+    moe = set(range(self.num_layers) if self.moe_layers is None else self.moe_layers)
+    return tuple("moe" if i in moe else "dense" for i in range(self.num_layers))
+
+  @property
+  def num_moe_layers(self) -> int:
+    return self.layer_kinds.count("moe")
+
+  @property
+  def segments(self) -> tuple[tuple[str, int, int], ...]:
+    """Runs of consecutive layers of one kind, (kind, start, stop): each is one scan
+    (`transformer.Transformer`)."""
+    runs, kinds = [], self.layer_kinds
+    for i, kind in enumerate(kinds):
+      if runs and runs[-1][0] == kind:
+        runs[-1][2] = i + 1
+      else:
+        runs.append([kind, i, i + 1])
+    return tuple(tuple(r) for r in runs)
+
+  @property
+  def stack_names(self) -> tuple[str, ...]:
+    """The parameter names of the layer stacks, one per segment: 'layers' when every layer
+    is of one kind, else 'layers_0', 'layers_1', ..."""
+    n = len(self.segments)
+    return ("layers",) if n == 1 else tuple(f"layers_{i}" for i in range(n))
 
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
@@ -153,11 +228,12 @@ def from_hf_dict(hf: dict[str, Any], *, dtype: str = "float32", param_dtype: str
   head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
   attention_bias = bool(hf.get("attention_bias", False))
   eos = hf.get("eos_token_id")
+  moe = _moe_fields(hf, model_type)
   return ModelConfig(
       model_type=model_type,
       vocab_size=hf["vocab_size"],
       hidden_size=hf["hidden_size"],
-      intermediate_size=hf["intermediate_size"],
+      intermediate_size=hf.get("intermediate_size") or moe.get("moe_intermediate_size"),
       num_layers=hf["num_hidden_layers"],
       num_heads=num_heads,
       num_kv_heads=hf.get("num_key_value_heads") or num_heads,
@@ -169,7 +245,7 @@ def from_hf_dict(hf: dict[str, Any], *, dtype: str = "float32", param_dtype: str
       qkv_bias=True if model_type == "qwen2" else attention_bias,
       o_bias=False if model_type == "qwen2" else attention_bias,
       mlp_bias=bool(hf.get("mlp_bias", False)),
-      qk_norm=model_type == "qwen3",
+      qk_norm=model_type in ("qwen3", "qwen3_moe"),
       max_position_embeddings=hf.get("max_position_embeddings", 4096),
       dtype=check_dtype("dtype", dtype),
       param_dtype=check_dtype("param_dtype", param_dtype or dtype),
@@ -178,11 +254,44 @@ def from_hf_dict(hf: dict[str, Any], *, dtype: str = "float32", param_dtype: str
       bos_token_id=hf.get("bos_token_id"),
       eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
       pad_token_id=hf.get("pad_token_id"),
+      **moe,
   )
 
 
+def _moe_fields(hf: dict[str, Any], model_type: str) -> dict[str, Any]:
+  """The MoE fields of a Qwen3-MoE or Mixtral config.json ({} for a dense model)."""
+  if model_type not in MOE_MODEL_TYPES:
+    return {}
+  if model_type == "mixtral":
+    if hf.get("sliding_window") is not None:
+      raise ValueError(f"config.json sliding_window={hf['sliding_window']!r} is not supported; "
+                       "expected null (full attention)")
+    if float(hf.get("router_jitter_noise") or 0.0) != 0.0:
+      raise ValueError(f"config.json router_jitter_noise={hf['router_jitter_noise']!r} is not "
+                       "supported; expected 0")
+    return dict(num_experts=hf["num_local_experts"], num_experts_per_tok=hf["num_experts_per_tok"],
+                moe_intermediate_size=hf["intermediate_size"], norm_topk_prob=True,
+                router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.0)))
+  num_layers, step = hf["num_hidden_layers"], int(hf.get("decoder_sparse_step") or 1)
+  dense = set(hf.get("mlp_only_layers") or ())
+  experts = hf.get("num_experts") or hf.get("num_local_experts")  # transformers 5 writes the latter
+  if not experts:
+    raise ValueError(f"config.json num_experts={experts!r}: expected a positive number of "
+                     "experts for model_type='qwen3_moe'")
+  layers = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+  if not layers:
+    raise ValueError(f"config.json decoder_sparse_step={step}, mlp_only_layers={sorted(dense)} "
+                     "leave no MoE layer; expected at least one")
+  return dict(num_experts=experts, num_experts_per_tok=hf["num_experts_per_tok"],
+              moe_intermediate_size=hf["moe_intermediate_size"],
+              norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+              moe_layers=None if len(layers) == num_layers else layers,
+              router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.0)))
+
+
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3": "Qwen3ForCausalLM"}
+                  "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                  "mixtral": "MixtralForCausalLM"}
 
 
 def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
@@ -192,7 +301,7 @@ def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
   if cfg.model_type != "qwen2" and cfg.qkv_bias != cfg.o_bias:
     raise ValueError(f"model_type={cfg.model_type!r} has one attention_bias flag: "
                      f"qkv_bias={cfg.qkv_bias} and o_bias={cfg.o_bias} must be equal")
-  if cfg.qk_norm != (cfg.model_type == "qwen3"):
+  if cfg.qk_norm != (cfg.model_type in ("qwen3", "qwen3_moe")):
     raise ValueError(f"qk_norm={cfg.qk_norm} cannot be written as model_type={cfg.model_type!r}")
   rope = {"rope_type": "default", **cfg.rope_params, "rope_theta": cfg.rope_theta}
   hf = {
@@ -227,4 +336,19 @@ def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
     hf["mlp_bias"] = cfg.mlp_bias
   elif cfg.mlp_bias:
     raise ValueError(f"mlp_bias=True cannot be written as model_type={cfg.model_type!r}")
+  if cfg.model_type == "qwen3_moe":
+    hf.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+              moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=cfg.norm_topk_prob,
+              decoder_sparse_step=1, mlp_only_layers=[
+                  i for i, kind in enumerate(cfg.layer_kinds) if kind == "dense"],
+              router_aux_loss_coef=cfg.router_aux_loss_coef, output_router_logits=False,
+              use_sliding_window=False)
+  elif cfg.model_type == "mixtral":
+    if not cfg.norm_topk_prob or cfg.num_moe_layers != cfg.num_layers:
+      raise ValueError("a mixtral model has every layer MoE with norm_topk_prob=True; got "
+                       f"moe_layers={cfg.moe_layers}, norm_topk_prob={cfg.norm_topk_prob}")
+    hf.update(num_local_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+              intermediate_size=cfg.moe_intermediate_size, sliding_window=None,
+              router_jitter_noise=0.0, router_aux_loss_coef=cfg.router_aux_loss_coef,
+              output_router_logits=False)
   return hf

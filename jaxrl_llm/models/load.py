@@ -42,6 +42,13 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 #   attn/qkv_proj/kernel [L, D, K, G + 2, Dh]  <- q_proj, k_proj, v_proj (per kv head: G query
 #                                                 heads, its key, its value)
 #   mlp/gate_up_proj/kernel [L, D, 2, F]      <- gate_proj, up_proj
+#   an MoE layer's mlp/router [L, D, E]       <- gate (the router)
+#                  mlp/gate_up_proj [L, E, D, 2, F], mlp/down_proj [L, E, F, D]
+#                                              <- experts.{j}.(gate_proj|w1, up_proj|w3,
+#                                                 down_proj|w2), or transformers 5's fused
+#                                                 experts.gate_up_proj / experts.down_proj
+# A model whose dense and MoE layers alternate has one stack per run ('layers_0', ...,
+# `layer_places`).
 # HF stores Linear weights as [out, in]; our kernels are [in..., out...].
 Layer = dict[tuple[str, ...], np.ndarray]
 
@@ -51,15 +58,41 @@ def _linear_out(x: np.ndarray, n_in: int) -> np.ndarray:
   return x.reshape(math.prod(x.shape[:n_in]), -1).T
 
 
-def _layer_hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-  """HF tensor shapes of one layer, by name under `model.layers.{i}.`."""
+def _moe_prefix(cfg: ModelConfig) -> str:
+  """Where an MoE layer's router and experts sit in HF names."""
+  return "block_sparse_moe" if cfg.model_type == "mixtral" else "mlp"
+
+
+# HF's per-expert names (the checkpoints' format): (gate, up, down) under `experts.{j}.`.
+_EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2"), "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
+
+
+def _layer_hf_shapes(cfg: ModelConfig, kind: str = "dense",
+                     fused_experts: bool = False) -> dict[str, tuple[int, ...]]:
+  """HF tensor shapes of one layer, by name under `model.layers.{i}.`. An MoE layer's experts
+  are one tensor each per expert, or with `fused_experts` transformers 5's in-memory layout
+  (`mlp.experts.gate_up_proj` [E, 2F, D], `mlp.experts.down_proj` [E, D, F])."""
   D, F, H, K, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   shapes = {
       "input_layernorm.weight": (D,), "post_attention_layernorm.weight": (D,),
       "self_attn.q_proj.weight": (H * Dh, D), "self_attn.k_proj.weight": (K * Dh, D),
       "self_attn.v_proj.weight": (K * Dh, D), "self_attn.o_proj.weight": (D, H * Dh),
-      "mlp.gate_proj.weight": (F, D), "mlp.up_proj.weight": (F, D), "mlp.down_proj.weight": (D, F),
   }
+  if kind == "moe":
+    E, Fe, prefix = cfg.num_experts, cfg.moe_intermediate_size, _moe_prefix(cfg)
+    shapes[f"{prefix}.gate.weight"] = (E, D)
+    if fused_experts:
+      shapes.update({f"{prefix}.experts.gate_up_proj": (E, 2 * Fe, D),
+                     f"{prefix}.experts.down_proj": (E, D, Fe)})
+    else:
+      gate, up, down = _EXPERT_NAMES[cfg.model_type]
+      for j in range(E):
+        shapes.update({f"{prefix}.experts.{j}.{gate}.weight": (Fe, D),
+                       f"{prefix}.experts.{j}.{up}.weight": (Fe, D),
+                       f"{prefix}.experts.{j}.{down}.weight": (D, Fe)})
+  else:
+    shapes.update({"mlp.gate_proj.weight": (F, D), "mlp.up_proj.weight": (F, D),
+                   "mlp.down_proj.weight": (D, F)})
   if cfg.qkv_bias:
     shapes.update({"self_attn.q_proj.bias": (H * Dh,), "self_attn.k_proj.bias": (K * Dh,),
                    "self_attn.v_proj.bias": (K * Dh,)})
@@ -72,7 +105,34 @@ def _layer_hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
   return shapes
 
 
-def layer_from_hf(hf: dict[str, np.ndarray], cfg: ModelConfig) -> Layer:
+def _experts_from_hf(hf: dict[str, np.ndarray], cfg: ModelConfig) -> Layer:
+  """An MoE layer's router and experts -> ('mlp', 'router') [D, E], ('mlp', 'gate_up_proj')
+  [E, D, 2, F], ('mlp', 'down_proj') [E, F, D]."""
+  E, Fe, prefix = cfg.num_experts, cfg.moe_intermediate_size, _moe_prefix(cfg)
+  if f"{prefix}.experts.gate_up_proj" in hf:  # fused: [E, 2F, D] (gate rows, then up rows)
+    gate_up = hf[f"{prefix}.experts.gate_up_proj"].reshape(E, 2, Fe, -1).transpose(0, 3, 1, 2)
+    down = hf[f"{prefix}.experts.down_proj"].transpose(0, 2, 1)
+  else:
+    g, u, d = _EXPERT_NAMES[cfg.model_type]
+    w = lambda j, name: hf[f"{prefix}.experts.{j}.{name}.weight"]
+    gate_up = np.stack([np.stack([w(j, g).T, w(j, u).T], axis=1) for j in range(E)])
+    down = np.stack([w(j, d).T for j in range(E)])
+  return {("mlp", "router"): hf[f"{prefix}.gate.weight"].T, ("mlp", "gate_up_proj"): gate_up,
+          ("mlp", "down_proj"): down}
+
+
+def _experts_to_hf(layer: Layer, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+  """Inverse of `_experts_from_hf`, in the checkpoints' per-expert format."""
+  prefix, (g, u, d) = _moe_prefix(cfg), _EXPERT_NAMES[cfg.model_type]
+  yield f"{prefix}.gate.weight", layer[("mlp", "router")].T
+  gate_up, down = layer[("mlp", "gate_up_proj")], layer[("mlp", "down_proj")]
+  for j in range(cfg.num_experts):
+    yield f"{prefix}.experts.{j}.{g}.weight", gate_up[j, :, 0].T
+    yield f"{prefix}.experts.{j}.{u}.weight", gate_up[j, :, 1].T
+    yield f"{prefix}.experts.{j}.{d}.weight", down[j].T
+
+
+def layer_from_hf(hf: dict[str, np.ndarray], cfg: ModelConfig, kind: str = "dense") -> Layer:
   """One layer's HF tensors (by name under `model.layers.{i}.`) -> our per-layer leaves."""
   D, F, H, K, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   G = H // K
@@ -85,9 +145,13 @@ def layer_from_hf(hf: dict[str, np.ndarray], cfg: ModelConfig) -> Layer:
       ("post_attention_norm", "scale"): w("post_attention_layernorm"),
       ("attn", "qkv_proj", "kernel"): qkv(*(w(f"self_attn.{n}_proj").T for n in "qkv")),
       ("attn", "o_proj", "kernel"): w("self_attn.o_proj").T.reshape(H, Dh, D),
-      ("mlp", "gate_up_proj", "kernel"): np.stack([w("mlp.gate_proj").T, w("mlp.up_proj").T], axis=1),
-      ("mlp", "down_proj", "kernel"): w("mlp.down_proj").T,
   }
+  if kind == "moe":
+    out.update(_experts_from_hf(hf, cfg))
+  else:
+    out[("mlp", "gate_up_proj", "kernel")] = np.stack([w("mlp.gate_proj").T, w("mlp.up_proj").T],
+                                                      axis=1)
+    out[("mlp", "down_proj", "kernel")] = w("mlp.down_proj").T
   if cfg.qkv_bias:
     out[("attn", "qkv_proj", "bias")] = qkv(*(hf[f"self_attn.{n}_proj.bias"] for n in "qkv"))
   if cfg.o_bias:
@@ -101,7 +165,7 @@ def layer_from_hf(hf: dict[str, np.ndarray], cfg: ModelConfig) -> Layer:
   return out
 
 
-def layer_to_hf(layer: Layer, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+def layer_to_hf(layer: Layer, cfg: ModelConfig, kind: str = "dense") -> Iterator[tuple[str, np.ndarray]]:
   """Inverse of `layer_from_hf`: (name under `model.layers.{i}.`, HF tensor) pairs."""
   D, H, K, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   G = H // K
@@ -111,10 +175,13 @@ def layer_to_hf(layer: Layer, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarra
   for name, part in zip("qkv", split_qkv(layer[("attn", "qkv_proj", "kernel")])):
     yield f"self_attn.{name}_proj.weight", part.reshape(D, -1).T
   yield "self_attn.o_proj.weight", _linear_out(layer[("attn", "o_proj", "kernel")], 2)
-  gate_up = layer[("mlp", "gate_up_proj", "kernel")]
-  yield "mlp.gate_proj.weight", gate_up[:, 0].T
-  yield "mlp.up_proj.weight", gate_up[:, 1].T
-  yield "mlp.down_proj.weight", _linear_out(layer[("mlp", "down_proj", "kernel")], 1)
+  if kind == "moe":
+    yield from _experts_to_hf(layer, cfg)
+  else:
+    gate_up = layer[("mlp", "gate_up_proj", "kernel")]
+    yield "mlp.gate_proj.weight", gate_up[:, 0].T
+    yield "mlp.up_proj.weight", gate_up[:, 1].T
+    yield "mlp.down_proj.weight", _linear_out(layer[("mlp", "down_proj", "kernel")], 1)
   if cfg.qkv_bias:
     for name, part in zip("qkv", split_qkv(layer[("attn", "qkv_proj", "bias")])):
       yield f"self_attn.{name}_proj.bias", part.reshape(-1)
@@ -127,6 +194,14 @@ def layer_to_hf(layer: Layer, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarra
     yield "mlp.gate_proj.bias", layer[("mlp", "gate_up_proj", "bias")][0]
     yield "mlp.up_proj.bias", layer[("mlp", "gate_up_proj", "bias")][1]
     yield "mlp.down_proj.bias", layer[("mlp", "down_proj", "bias")]
+
+
+def layer_places(cfg: ModelConfig) -> list[tuple[str, int, str]]:
+  """For each layer: (its stack's parameter name, its index in the stack, its kind)."""
+  places = []
+  for (kind, start, stop), name in zip(cfg.segments, cfg.stack_names):
+    places.extend((name, i - start, kind) for i in range(start, stop))
+  return places
 
 
 def _top_entries(cfg: ModelConfig) -> list[tuple[tuple[str, ...], str, bool]]:
@@ -244,16 +319,20 @@ def load_params(path: str, cfg: ModelConfig) -> dict[str, Any]:
   for ours, hf, transposed in _top_entries(cfg):
     x = read(hf, hf_top[hf])
     _set(params, ours, np.ascontiguousarray(x.T) if transposed else x)
-  layer_shapes = _layer_hf_shapes(cfg)
-  stacked: Layer = {}
-  for i in range(cfg.num_layers):  # one layer at a time into the stacked arrays
-    hf = {name: read(f"model.layers.{i}.{name}", shape) for name, shape in layer_shapes.items()}
-    for leaf, x in layer_from_hf(hf, cfg).items():
+  stacks: dict[str, Layer] = {}
+  sizes = {name: stop - start for (_, start, stop), name in zip(cfg.segments, cfg.stack_names)}
+  for i, (stack, j, kind) in enumerate(layer_places(cfg)):  # one layer at a time, stacked
+    fused = f"model.layers.{i}.{_moe_prefix(cfg)}.experts.gate_up_proj" in st.entries
+    shapes = _layer_hf_shapes(cfg, kind, fused_experts=fused)
+    hf = {name: read(f"model.layers.{i}.{name}", shape) for name, shape in shapes.items()}
+    stacked = stacks.setdefault(stack, {})
+    for leaf, x in layer_from_hf(hf, cfg, kind).items():
       if leaf not in stacked:
-        stacked[leaf] = np.empty((cfg.num_layers,) + x.shape, dtype)
-      stacked[leaf][i] = x
-  for leaf, x in stacked.items():
-    _set(params, ("layers",) + leaf, x)
+        stacked[leaf] = np.empty((sizes[stack],) + x.shape, dtype)
+      stacked[leaf][j] = x
+  for stack, stacked in stacks.items():
+    for leaf, x in stacked.items():
+      _set(params, (stack,) + leaf, x)
   extra = sorted(n for n in st.names() - used if not n.endswith(_IGNORED_SUFFIXES)
                  and not (cfg.tie_word_embeddings and n == "lm_head.weight"))
   if extra:
@@ -276,10 +355,10 @@ def hf_tensors(params: dict[str, Any], cfg: ModelConfig) -> Iterator[tuple[str, 
   for ours, hf, transposed in _top_entries(cfg):
     x = np.asarray(_get(params, ours))
     yield hf, np.ascontiguousarray(x.T if transposed else x)
-  stacked = dict(_leaves(params["layers"]))
-  for i in range(cfg.num_layers):
-    layer = {leaf: np.asarray(x[i]) for leaf, x in stacked.items()}
-    for name, x in layer_to_hf(layer, cfg):
+  stacks = {name: dict(_leaves(params[name])) for name in cfg.stack_names}
+  for i, (stack, j, kind) in enumerate(layer_places(cfg)):
+    layer = {leaf: np.asarray(x[j]) for leaf, x in stacks[stack].items()}
+    for name, x in layer_to_hf(layer, cfg, kind):
       yield f"model.layers.{i}.{name}", np.ascontiguousarray(x)
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.models import attention, kv_cache, value_head
+from jaxrl_llm.models import attention, kv_cache, moe, value_head
 from jaxrl_llm.models.config import ModelConfig
 
 _init = nn.initializers.normal(stddev=0.02)
@@ -184,49 +184,75 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-  """One pre-norm residual layer: x + attn(norm(x)), then + mlp(norm(x)).
+  """One pre-norm residual layer: x + attn(norm(x)), then + mlp(norm(x)); the MLP is dense
+  or, with `kind` 'moe', a mixture of experts (`moe.MoeMlp`).
 
-  (x_BTD, layer_cache or None, rope, kv_mask_BS, cache_index) -> (x_BTD, out) where `out` is
-  the written layer cache, or with `returns_kv` (scanned: the stacked cache is written after
-  the scan) this step's keys and values [B, K, T, Dh]; None without a cache.
+  (x_BTD, layer_cache or None, rope, kv_mask_BS, cache_index, replay_BTk or None) ->
+  (x_BTD, (out, router)) where `out` is the written layer cache, or with `returns_kv`
+  (scanned: the stacked cache is written after the scan) this step's keys and values
+  [B, K, T, Dh]; None without a cache. `router` is an MoE layer's routing (the experts it
+  used [B, T, k] and its statistics, `moe.MoeMlp`), None for a dense one; `replay_BTk` the
+  experts an MoE layer must use instead (routing replay; -1: its own choice).
   """
   cfg: ModelConfig
   mesh: Mesh | None = None
   rules: Any = None
   returns_kv: bool = False
+  kind: str = "dense"
 
   @nn.compact
-  def __call__(self, x_BTD, layer_cache, rope, kv_mask_BS, cache_index):
+  def __call__(self, x_BTD, layer_cache, rope, kv_mask_BS, cache_index, replay_BTk=None):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
     attn_BTD, layer_cache, new_kv = Attention(cfg, self.mesh, self.rules, name="attn")(
         norm("input_norm")(x_BTD), rope, kv_mask_BS, layer_cache, cache_index)
     x_BTD = x_BTD + attn_BTD
-    x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm("post_attention_norm")(x_BTD))
-    x_BTD = sh.constrain(x_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
+    h_BTD, router = norm("post_attention_norm")(x_BTD), None
+    if self.kind == "moe":  # statistics over the real tokens (all of them while decoding)
+      token_weights_BT = kv_mask_BS if layer_cache is None else jnp.ones(x_BTD.shape[:2])
+      mlp_BTD, router = moe.MoeMlp(cfg, self.mesh, self.rules, name="mlp")(
+          h_BTD, token_weights_BT, replay_BTk)
+    else:
+      mlp_BTD = Mlp(cfg, name="mlp")(h_BTD)
+    x_BTD = sh.constrain(x_BTD + mlp_BTD, (sh.BATCH, sh.SEQ, None), self.mesh, self.rules)
     if layer_cache is None:
-      return x_BTD, None
-    return x_BTD, new_kv if self.returns_kv else layer_cache
+      return x_BTD, (None, router)
+    return x_BTD, (new_kv if self.returns_kv else layer_cache, router)
 
 
-def scanned_layers(cfg: ModelConfig) -> type[nn.Module]:
-  """`Block` scanned over cfg.num_layers layers (rematerialised by cfg.remat)."""
+def scanned_layers(cfg: ModelConfig, length: int) -> type[nn.Module]:
+  """`Block` scanned over `length` layers (rematerialised by cfg.remat)."""
   block = Block
   if cfg.remat != "none":
     block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
   return nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0), length=length,
                  metadata_params={nn.PARTITION_NAME: sh.LAYERS})
+
+
+def routing_summary(routers: list[dict]) -> dict[str, jax.Array]:
+  """The MoE layers' routing, stacked in layer order: 'experts' [B, T, Lm, k] (the experts
+  each token used) and the statistics [Lm, ...] of `moe.router_stats`."""
+  stacked = jax.tree.map(lambda *xs: jnp.concatenate(xs), *routers)
+  return dict(stacked, experts=jnp.moveaxis(stacked["experts"], 0, 2))
 
 
 class Transformer(nn.Module):
   """Decoder-only transformer; `head` 'lm' gives logits [B, T, V], 'value' values [B, T].
 
   Call: (tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0, return_hidden=False,
-  rope=None) -> (logits or values or final hidden states, new cache or None). With a cache
-  (`kv_cache`, stacked over layers), the T tokens go to slots [cache_index, cache_index + T)
-  and `kv_mask_BS` covers all of its slots. `rope`: the (cos, sin) tables of the positions
-  when the caller computes them its own way (default: `rope_tables`).
+  rope=None, routing_BTLk=None, with_router=False) -> (logits or values or final hidden
+  states, new cache or None[, routing]). With a cache (`kv_cache`, stacked over layers), the
+  T tokens go to slots [cache_index, cache_index + T) and `kv_mask_BS` covers all of its
+  slots. `rope`: the (cos, sin) tables of the positions when the caller computes them its
+  own way (default: `rope_tables`). An MoE model: `routing_BTLk` replays recorded experts
+  (int32 [B, T, MoE layers, k], -1: the layer's own choice), and `with_router` also returns
+  the routing (`routing_summary`).
+
+  The layers are one scan per run of layers of one kind (`ModelConfig.segments`): one for
+  a dense model and for one whose every layer is MoE, more where dense and MoE layers
+  alternate (Qwen3-MoE's `decoder_sparse_step`, `mlp_only_layers`), each run's cache
+  slice copied in and out.
   """
   cfg: ModelConfig
   mesh: Mesh | None = None
@@ -236,7 +262,11 @@ class Transformer(nn.Module):
     cfg = self.cfg
     self.embed = self.param("embed", nn.with_logical_partitioning(_init, (sh.VOCAB, sh.EMBED)),
                             (cfg.vocab_size, cfg.hidden_size), cfg.jnp_param_dtype)
-    self.layers = scanned_layers(cfg)(cfg, self.mesh, self.rules, returns_kv=True)
+    # Named by the attribute: 'layers', or 'layers_0', 'layers_1', ... (`ModelConfig.stack_names`).
+    stacks = [scanned_layers(cfg, stop - start)(cfg, self.mesh, self.rules, returns_kv=True,
+                                                kind=kind)
+              for kind, start, stop in cfg.segments]
+    self.layers = stacks[0] if len(stacks) == 1 else stacks
     self.final_norm = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype)
     if cfg.head == "value":
       self.value_head = value_head.ValueHead(cfg.jnp_dtype, cfg.jnp_param_dtype)
@@ -245,18 +275,35 @@ class Transformer(nn.Module):
                                 (cfg.hidden_size, cfg.vocab_size), cfg.jnp_param_dtype)
 
   def __call__(self, tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0,
-               return_hidden=False, rope=None):
+               return_hidden=False, rope=None, routing_BTLk=None, with_router=False):
     x_BTD = self.embed_tokens(tokens_BT)
     if rope is None:
       rope = rope_tables(positions_BT, self.cfg)  # shared by all layers
     if not isinstance(cache_index, kv_cache.PagedIndex):
       cache_index = jnp.asarray(cache_index)
-    x_BTD, new_kv = self.layers(x_BTD, cache, rope, kv_mask_BS, cache_index)
-    new_cache = None if cache is None else kv_cache.write(cache, *new_kv, cache_index)
+    stacks = self.layers if isinstance(self.layers, (list, tuple)) else [self.layers]
+    new_kvs, routers, moe_done = [], [], 0
+    for stack, (kind, start, stop) in zip(stacks, self.cfg.segments):
+      part = cache if cache is None or len(stacks) == 1 else {
+          name: buf[start:stop] for name, buf in cache.items()}
+      replay = None
+      if kind == "moe" and routing_BTLk is not None:  # [B, T, Lm, k] -> this run's [l, B, T, k]
+        replay = jnp.moveaxis(routing_BTLk[:, :, moe_done:moe_done + stop - start], 2, 0)
+      x_BTD, (new_kv, router) = stack(x_BTD, part, rope, kv_mask_BS, cache_index, replay)
+      new_kvs.append(new_kv)
+      if kind == "moe":
+        routers.append(router)
+        moe_done += stop - start
+    new_cache = None
+    if cache is not None:
+      new_kv = new_kvs[0] if len(new_kvs) == 1 else jax.tree.map(
+          lambda *xs: jnp.concatenate(xs), *new_kvs)
+      new_cache = kv_cache.write(cache, *new_kv, cache_index)
     x_BTD = self.normalize(x_BTD)
-    if return_hidden:
-      return x_BTD, new_cache
-    return self.unembed(x_BTD), new_cache
+    out = x_BTD if return_hidden else self.unembed(x_BTD)
+    if with_router:
+      return out, new_cache, routing_summary(routers) if routers else None
+    return out, new_cache
 
   def embed_tokens(self, tokens_BT):
     """Token ids -> the first layer's input [B, T, D] in the compute dtype."""

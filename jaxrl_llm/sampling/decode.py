@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import models, platform
-from jaxrl_llm.models import kv_cache, transformer
+from jaxrl_llm.models import kv_cache, load, transformer
 from jaxrl_llm.sampling.settings import SamplingSettings
 
 
@@ -82,11 +82,13 @@ def rope_tables(positions_BT: jax.Array, model: models.Model, tune: DecodeTuning
 
 # --- unrolled layers ------------------------------------------------------------------------------
 def unstack_layers(model: models.Model) -> models.Model:
-  """The model with one parameter tree per layer (a tuple) instead of stacked layers."""
-  layers = model.params["layers"]
-  unstacked = tuple(jax.tree.map(lambda x, i=i: x[i], layers)
-                    for i in range(model.config.num_layers))
-  return model.replace(params=dict(model.params, layers=unstacked))
+  """The model with one parameter tree per layer (a tuple under 'layers', in layer order)
+  instead of stacked layers (one stack or several, `ModelConfig.stack_names`)."""
+  cfg = model.config
+  unstacked = tuple(jax.tree.map(lambda x, j=j: x[j], model.params[stack])
+                    for stack, j, _ in load.layer_places(cfg))
+  params = {k: v for k, v in model.params.items() if k not in cfg.stack_names}
+  return model.replace(params=dict(params, layers=unstacked))
 
 
 def per_layer(cache: dict) -> tuple[dict, ...]:
@@ -102,23 +104,29 @@ def per_layer_shardings(stacked: dict, num_layers: int) -> tuple[dict, ...]:
 
 
 def forward(model: models.Model, tokens_BT, positions_BT, kv_mask_BS, cache, cache_index, *,
-            tune: DecodeTuning, return_hidden: bool = False):
+            tune: DecodeTuning, return_hidden: bool = False, with_router: bool = False):
   """`models.forward` with the decode tuning: stacked parameters run the model's scan,
-  unstacked ones (`unstack_layers`, with a `per_layer` cache) a loop over `Block`s."""
+  unstacked ones (`unstack_layers`, with a `per_layer` cache) a loop over `Block`s.
+  `with_router`: also return an MoE model's routing (`transformer.routing_summary`)."""
   rope = rope_tables(positions_BT, model, tune)
-  if not isinstance(model.params["layers"], tuple):
+  if not isinstance(model.params.get("layers"), tuple):
     return models.forward(model, tokens_BT, positions_BT, kv_mask_BS, cache, cache_index,
-                          return_hidden, rope=rope)
+                          return_hidden, rope=rope, with_router=with_router)
   apply = lambda method, x: model.module.apply({"params": model.params}, x, method=method)
   x_BTD = apply(transformer.Transformer.embed_tokens, tokens_BT)
-  block = transformer.Block(model.config, model.mesh, model.rules)
-  new_cache = []
-  for layer_params, layer_cache in zip(model.params["layers"], cache):
-    x_BTD, layer_cache = block.apply({"params": layer_params}, x_BTD, layer_cache, rope,
-                                     kv_mask_BS, cache_index)
+  new_cache, routers = [], []
+  for layer_params, layer_cache, kind in zip(model.params["layers"], cache,
+                                             model.config.layer_kinds):
+    block = transformer.Block(model.config, model.mesh, model.rules, kind=kind)
+    x_BTD, (layer_cache, router) = block.apply({"params": layer_params}, x_BTD, layer_cache,
+                                               rope, kv_mask_BS, cache_index)
     new_cache.append(layer_cache)
+    if router is not None:
+      routers.append(jax.tree.map(lambda x: x[None], router))
   x_BTD = apply(transformer.Transformer.normalize, x_BTD)
   out = x_BTD if return_hidden else apply(transformer.Transformer.unembed, x_BTD)
+  if with_router:
+    return out, tuple(new_cache), transformer.routing_summary(routers) if routers else None
   return out, tuple(new_cache)
 
 
@@ -139,15 +147,20 @@ def decode_model(model: models.Model, s: SamplingSettings, unrolled: bool):
   return model, tuning(model)
 
 
-def prefill(model: models.Model, tokens_PS, mask_PS, tune, unrolled: bool):
+def prefill(model: models.Model, tokens_PS, mask_PS, tune, unrolled: bool,
+            with_router: bool = False):
   """Each prompt once: (its KV cache [P rows x S0 slots], the logits after its last token
-  [P, V], its positions [P, S0])."""
+  [P, V], its positions [P, S0][, an MoE model's experts of every prompt token
+  [P, S0, MoE layers, k] with `with_router`])."""
   P, S0 = tokens_PS.shape
   positions_PS = models.positions_from_mask(mask_PS)
   prompt_cache = kv_cache.init_cache(model.config, P, S0, model.config.jnp_dtype)
   if unrolled:
     prompt_cache = per_layer(prompt_cache)
-  hidden_PSD, prompt_cache = forward(model, tokens_PS, positions_PS, mask_PS, prompt_cache,
-                                            0, tune=tune, return_hidden=True)
+  hidden_PSD, prompt_cache, *routing = forward(
+      model, tokens_PS, positions_PS, mask_PS, prompt_cache, 0, tune=tune, return_hidden=True,
+      with_router=with_router)
   logits_PV = models.unembed(model, hidden_PSD[:, -1:])[:, 0]  # only the last prompt token's
+  if with_router:
+    return prompt_cache, logits_PV, positions_PS, routing[0]["experts"]
   return prompt_cache, logits_PV, positions_PS

@@ -51,6 +51,7 @@ class _LoopState:
   lengths_B: jax.Array
   kv_mask_BS: jax.Array
   cache: tuple
+  routing_BNLk: jax.Array | None = None  # an MoE model's experts of each token fed back
 
 
 def _record(st: _LoopState, token_B, logp_B, budget_B, s: SamplingSettings) -> _LoopState:
@@ -73,9 +74,11 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, budget_B, ke
   S = S0 + N
   unrolled = isinstance(cache, tuple)
   model, tune = decode.decode_model(model, s, unrolled)
+  cfg = model.config
 
   # Prefill: each prompt once, into a cache its G samples then share as their prefix.
-  prompt_cache, logits_PV, positions_PS = decode.prefill(model, tokens_PS, mask_PS, tune, unrolled)
+  prompt_cache, logits_PV, positions_PS, *prompt_routing = decode.prefill(
+      model, tokens_PS, mask_PS, tune, unrolled, with_router=cfg.is_moe)
   if model.mesh is not None:
     own = kv_cache.shapes(model.config, B, N)
     cache = jax.lax.with_sharding_constraint(cache, _cache_shardings(model, own, unrolled))
@@ -93,6 +96,9 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, budget_B, ke
                   tokens_BN=jnp.full((B, N), s.pad_id, jnp.int32),
                   logprobs_BN=jnp.zeros((B, N), jnp.float32), lengths_B=jnp.zeros((B,), jnp.int32),
                   kv_mask_BS=kv_mask_BS, cache=cache)
+  if cfg.is_moe:  # routing replay's record: -1 until a token is fed back
+    st = st.replace(routing_BNLk=jnp.full((B, N, cfg.num_moe_layers, cfg.num_experts_per_tok),
+                                          -1, jnp.int32))
   st = _record(st, token_B, logp_B, budget_B, s)
 
   def cond(st):
@@ -102,13 +108,20 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, budget_B, ke
     slot = S0 + st.t - 1
     kv_mask_BS = jax.lax.dynamic_update_slice(st.kv_mask_BS, jnp.ones((B, 1), jnp.int32), (0, slot))
     positions_B1 = (next_position_B + st.t - 1)[:, None]
-    logits_B1V, cache = decode.forward(model, st.token_B[:, None], positions_B1, kv_mask_BS,
-                                       st.cache, slot, tune=tune)
+    logits_B1V, cache, *routing = decode.forward(
+        model, st.token_B[:, None], positions_B1, kv_mask_BS, st.cache, slot, tune=tune,
+        with_router=cfg.is_moe)
+    if cfg.is_moe:  # the experts of column t - 1's token
+      st = st.replace(routing_BNLk=jax.lax.dynamic_update_slice(
+          st.routing_BNLk, routing[0]["experts"], (0, st.t - 1, 0, 0)))
     token_B, logp_B = choose.choose_tokens(logits_B1V[:, 0], choose.token_keys(keys_B, st.t), s)
     return _record(st.replace(kv_mask_BS=kv_mask_BS, cache=cache), token_B, logp_B, budget_B, s)
 
   st = jax.lax.while_loop(cond, step, st)
   out = output.from_lengths(st.tokens_BN, st.logprobs_BN, st.lengths_B, st.done_B)
+  if cfg.is_moe:
+    out = out.replace(routing=jnp.concatenate(
+        [jnp.repeat(prompt_routing[0], G, axis=0), st.routing_BNLk], axis=1))
   prefix_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(prompt_cache))
   return out, kv_cache.own_part(st.cache), {"steps": st.t, "prefix_bytes": prefix_bytes}
 

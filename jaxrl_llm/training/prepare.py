@@ -16,6 +16,7 @@ from jaxrl_llm import distributed, objectives
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.training import steps
 from jaxrl_llm.training.plan import Plan
+from jaxrl_llm.training import rollout as rollout_lib
 from jaxrl_llm.training.rollout import Rollout
 
 
@@ -45,6 +46,9 @@ def batch_arrays(r: Rollout, G: int, mask_truncated: bool) -> dict[str, np.ndarr
     out["turn_rewards"] = r.turn_rewards.astype(np.float32)
   if r.logprobs is not None:
     out["sampler_logp"] = r.logprobs.astype(np.float32)
+  if r.routing is not None:  # an MoE policy's experts, for replay and routing_mismatch
+    out["routing"] = rollout_lib.prompt_aligned_routing(
+        r.routing, extra + r.prompt_tokens.shape[1], r.tokens.shape[1]).astype(np.int32)
   if r.sources is not None:  # a mixed run: each row's source (its per-row algorithm)
     out["source"] = np.repeat(r.sources, G).astype(np.int32)
   if r.hint_tokens is not None:  # self-distillation: the same completions after a hint
@@ -75,14 +79,16 @@ def prepare_batch(batch, policy, reference, value, teacher=None, baselines=None,
   batch, or None).
   """
   algo, out, mask = plan.algo, dict(batch), batch["loss_mask"]
-  logp = lambda model: steps.map_micro(
+  logp = lambda model, replay=False: steps.map_micro(
       lambda piece: steps.completion_logp(model, piece, temperature=temperature,
-                                          chunk_size=chunk_size)[0], batch, num_micro)
+                                          chunk_size=chunk_size, replay=replay)[0],
+      batch, num_micro)
   old_logp = ref_logp = values = teacher_logp = None
   if plan.old_logp == "sampler":
     old_logp = jnp.where(mask > 0, batch["sampler_logp"], 0.0)
-  elif plan.old_logp == "recompute":
-    old_logp = jnp.where(mask > 0, logp(policy), 0.0)
+  elif plan.old_logp == "recompute":  # as the update will route (routing replay)
+    replay = policy.config.is_moe and algo.get("routing_replay", "off") == "rollout"
+    old_logp = jnp.where(mask > 0, logp(policy, replay), 0.0)
   if reference is not None:
     ref_logp = jnp.where(mask > 0, logp(reference), 0.0)
   if teacher is not None:

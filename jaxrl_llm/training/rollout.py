@@ -47,6 +47,9 @@ class Rollout:
       (`config.algo.echo`), else None; turn_rewards: float32 [B, N], each model turn's
       step reward on its last token (episodes), else None.
     episodes: each row's `envs.Episode.as_row()` (episodes), for rollouts.jsonl, else None.
+    routing: int32 [B, S0 + N, MoE layers, k], the experts an MoE policy's sampler routed
+      each prompt and completion token to (-1: none recorded; `sampling.SampleOutput`),
+      else None.
   """
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
@@ -72,6 +75,7 @@ class Rollout:
   echo_weights: np.ndarray | None = None
   turn_rewards: np.ndarray | None = None
   episodes: list[dict] | None = None
+  routing: np.ndarray | None = None
 
 
 def eos_ids(tokenizer, model_config) -> tuple[int, ...]:
@@ -105,6 +109,15 @@ def decode_completions(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> li
   """Each row's first `length` tokens as text, special tokens (EOS) dropped."""
   return tokenizer.batch_decode([row[:n].tolist() for row, n in zip(tokens, lengths)],
                                 skip_special_tokens=True)
+
+
+def prompt_aligned_routing(routing: np.ndarray, prompt_len: int, N: int) -> np.ndarray:
+  """A sampler's routing [B, S + N, ...] for prompts of `prompt_len` columns: columns of
+  left padding dropped, or -1 (nothing recorded) added on the left."""
+  extra = prompt_len - (routing.shape[1] - N)
+  if extra <= 0:
+    return routing[:, -extra:]
+  return np.pad(routing, ((0, 0), (extra, 0), (0, 0), (0, 0)), constant_values=-1)
 
 
 def _repad(arrays: list[np.ndarray], masks: list[np.ndarray], pad: int):
@@ -249,8 +262,14 @@ class SampledRollouts:
         informative=np.concatenate([b["informative"] for b in blocks]),
         sources=np.repeat(sources if sources is not None else np.zeros(len(chosen), np.int32),
                           G), rounds=np.asarray([rounds]))
+    routing = None
+    if blocks[0]["out"].routing is not None:
+      N = blocks[0]["out"].tokens.shape[1]
+      aligned = [prompt_aligned_routing(blk["out"].routing, prompt_tokens.shape[1], N)
+                 for blk in blocks]
+      routing = np.concatenate([aligned[b][rows(b, p)] for b, p in chosen])
     return Rollout(
-        prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
+        prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, routing=routing,
         tokens=take(lambda blk: blk["out"].tokens), mask=take(lambda blk: blk["out"].mask),
         logprobs=take(lambda blk: blk["out"].logprobs), lengths=lengths, truncated=truncated,
         rewards=shaped.astype(np.float32), group_valid=group_valid, metrics={},

@@ -26,18 +26,32 @@ def model_config(m, path: str | None = None) -> ModelConfig:
   """
   path = m.path if path is None else path
   if path:
-    return from_hf_dict(load.read_config(path), dtype=m.dtype, param_dtype=m.param_dtype,
-                        remat=m.remat, attention=m.attention)
+    cfg = from_hf_dict(load.read_config(path), dtype=m.dtype, param_dtype=m.param_dtype,
+                       remat=m.remat, attention=m.attention)
+  else:
+    cfg = _arch_config(m)
+  if not cfg.is_moe:
+    return cfg
+  aux = m.router_aux_loss_coef
+  return cfg.replace(router_aux_loss_coef=cfg.router_aux_loss_coef if aux < 0 else aux,
+                     router_z_loss_coef=m.router_z_loss_coef, moe_impl=m.moe_impl)
+
+
+def _arch_config(m) -> ModelConfig:
+  """The built-in architecture `config.model.arch` with the numerics of `config.model`."""
   a = m.arch
+  moe = {} if a.model_type not in ("qwen3_moe", "mixtral") else dict(
+      num_experts=a.num_experts, num_experts_per_tok=a.num_experts_per_tok,
+      moe_intermediate_size=a.moe_intermediate_size, norm_topk_prob=a.norm_topk_prob)
   return ModelConfig(
       model_type=a.model_type, vocab_size=a.vocab_size, hidden_size=a.hidden_size,
       intermediate_size=a.intermediate_size, num_layers=a.num_layers, num_heads=a.num_heads,
       num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, rope_theta=a.rope_theta,
       rms_norm_eps=a.rms_norm_eps, tie_word_embeddings=a.tie_word_embeddings,
       max_position_embeddings=a.max_position_embeddings, qkv_bias=a.model_type == "qwen2",
-      qk_norm=a.model_type == "qwen3", dtype=m.dtype, param_dtype=m.param_dtype,
+      qk_norm=a.model_type in ("qwen3", "qwen3_moe"), dtype=m.dtype, param_dtype=m.param_dtype,
       remat=m.remat, attention=m.attention, eos_token_id=char_tokenizer.EOS_ID,
-      pad_token_id=char_tokenizer.PAD_ID, bos_token_id=char_tokenizer.BOS_ID)
+      pad_token_id=char_tokenizer.PAD_ID, bos_token_id=char_tokenizer.BOS_ID, **moe)
 
 
 def load_tokenizer_and_policy(config, mesh, rules):

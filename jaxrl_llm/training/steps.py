@@ -9,7 +9,10 @@ A training batch is a dict of arrays, B rows (prompt-major, G rows per prompt):
   source's coefficients, `jaxrl_llm.config.sources`); echo_weights [B, N] with echo (the
   environment's tokens of a multi-turn episode, `objectives.echo`);
   old_values [B, N], returns [B, N] for the value step (value_mask [B, N] in a mixed run:
-  the tokens of its gae sources' rows).
+  the tokens of its gae sources' rows); routing [B, S0 + N, MoE layers, k] int32 when an
+  MoE policy's sampler recorded its experts (-1 where it did not): replayed with
+  `config.algo.routing_replay = 'rollout'`, and compared with the update's own choice
+  (`moe/routing_mismatch`) either way.
 Which keys exist is decided by `config.algo`, once, in the loop; the steps never look
 at an algorithm's name.
 
@@ -33,6 +36,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_llm import models, objectives
+from jaxrl_llm.models import moe
 from jaxrl_llm.training.state import TrainState
 
 
@@ -42,33 +46,62 @@ def completion_split(batch) -> tuple[int, int]:
   return batch["tokens"].shape[1] - N, N
 
 
-def _completion_hidden(model: models.Model, batch):
-  """Final hidden states at the positions that predict each completion token: [B, N, D]."""
+def _completion_hidden(model: models.Model, batch, replay: bool = False):
+  """Final hidden states at the positions that predict each completion token: [B, N, D],
+  and an MoE model's routing (`transformer.routing_summary`; None for a dense one).
+  `replay`: route as `batch['routing']` recorded (routing replay)."""
   S0, _ = completion_split(batch)
   mask = batch["attention_mask"]
-  hidden_BLD, _ = models.forward(model, batch["tokens"], models.positions_from_mask(mask), mask,
-                                 return_hidden=True)
-  return hidden_BLD[:, S0 - 1:-1]
+  hidden_BLD, _, routing = models.forward(
+      model, batch["tokens"], models.positions_from_mask(mask), mask, return_hidden=True,
+      routing_BTLk=batch["routing"] if replay else None, with_router=True)
+  return hidden_BLD[:, S0 - 1:-1], routing
 
 
 def completion_logp(model: models.Model, batch, *, temperature: float, chunk_size: int,
-                    entropy_grad: bool = False):
+                    entropy_grad: bool = False, replay: bool = False, with_router: bool = False):
   """`log_softmax(logits / T)` of every completion token and the entropy: [B, N] each.
 
   The same quantity the sampler reports as behaviour log-prob (before top-k/top-p), in
   chunks over the sequence so [B, N, V] float32 logits never exist whole. The entropy is
   differentiated only with `entropy_grad` (an entropy bonus); otherwise it is a metric.
+  An MoE model: `replay` routes as `batch['routing']` recorded; `with_router` also returns
+  the routing (third).
   """
   S0, _ = completion_split(batch)
-  return objectives.chunked_token_logp_and_entropy(
-      _completion_hidden(model, batch), batch["tokens"][:, S0:],
-      functools.partial(models.unembed, model), chunk_size=chunk_size, temperature=temperature,
-      entropy_grad=entropy_grad)
+  hidden_BND, routing = _completion_hidden(model, batch, replay)
+  logp, entropy = objectives.chunked_token_logp_and_entropy(
+      hidden_BND, batch["tokens"][:, S0:], functools.partial(models.unembed, model),
+      chunk_size=chunk_size, temperature=temperature, entropy_grad=entropy_grad)
+  return (logp, entropy, routing) if with_router else (logp, entropy)
 
 
 def completion_values(value_model: models.Model, batch):
   """The critic's V_t for the state before each completion token: [B, N]."""
-  return models.unembed(value_model, _completion_hidden(value_model, batch))
+  return models.unembed(value_model, _completion_hidden(value_model, batch)[0])
+
+
+def router_terms(cfg: models.ModelConfig, routing, batch, num_micro: int, tokens):
+  """An MoE policy's router losses and metrics for one piece of a minibatch: (loss,
+  metrics). The loss is router_aux_loss_coef * aux + router_z_loss_coef * z (`models.moe`),
+  each piece's share 1 / num_micro, so the pieces add up to their mean. Metrics:
+  moe/aux_loss, moe/z_loss, moe/expert_load_max, and with recorded routing
+  moe/routing_mismatch: the share of (completion token, MoE layer) pairs whose experts in
+  this forward differ from the sampler's (as sets; the positions that predict the loss
+  mask's tokens; `tokens`: the whole minibatch's count of them)."""
+  aux, z = moe.aux_loss(routing, cfg.num_experts), moe.z_loss(routing)
+  loss = (cfg.router_aux_loss_coef * aux + cfg.router_z_loss_coef * z) / num_micro
+  metrics = {"moe/aux_loss": aux / num_micro, "moe/z_loss": z / num_micro,
+             "moe/expert_load_max": moe.expert_load_max(routing)}
+  if "routing" in batch:
+    S0, _ = completion_split(batch)
+    used = jnp.sort(routing["experts"][:, S0 - 1:-1], axis=-1)
+    recorded = jnp.sort(batch["routing"][:, S0 - 1:-1], axis=-1)
+    differ_BNL = jnp.any(used != recorded, axis=-1).astype(jnp.float32)
+    w_BN = batch["loss_mask"].astype(jnp.float32)
+    metrics["moe/routing_mismatch"] = (jnp.einsum("BNL,BN->", differ_BNL, w_BN)
+                                       / (jnp.maximum(tokens, 1.0) * differ_BNL.shape[-1]))
+  return loss, metrics
 
 
 # --- micro-batch accumulation ------------------------------------------------------------------
@@ -161,10 +194,15 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
   counts = objectives.loss_counts(batch["loss_mask"], row_weights(batch))
   echo_count = objectives.echo_count(batch["echo_weights"]) if "echo_weights" in batch else None
 
+  is_moe = model_static.config.is_moe
+  replay = is_moe and algo.get("routing_replay", "off") == "rollout"
+  tokens = jnp.sum(batch["loss_mask"].astype(jnp.float32))
+
   def loss_fn(params, piece):
     model = model_static.replace(params=params)
-    logp, entropy = completion_logp(model, piece, temperature=temperature, chunk_size=chunk_size,
-                                    entropy_grad=algo.loss.entropy_coef != 0)
+    logp, entropy, routing = completion_logp(
+        model, piece, temperature=temperature, chunk_size=chunk_size,
+        entropy_grad=algo.loss.entropy_coef != 0, replay=replay, with_router=True)
     old_logp = piece.get("old_logp", jax.lax.stop_gradient(logp))  # absent: see loop._prepare
     loss, metrics = objectives.policy_loss(
         logp, old_logp, piece["advantages"], piece["loss_mask"], algo,
@@ -173,6 +211,10 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
     if echo_count is not None:  # L = Σ ℓ_rl / N_rl + Σ ℓ_echo / N_echo
       echo, echo_metrics = objectives.echo_loss(logp, piece["echo_weights"], echo_count)
       loss, metrics = loss + echo, dict(metrics, **echo_metrics)
+    if is_moe:
+      router_loss, router_metrics = router_terms(model.config, routing, piece, num_micro,
+                                                 tokens)
+      loss, metrics = loss + router_loss, dict(metrics, **router_metrics)
     return loss, metrics
 
   loss, metrics, grads = accumulate(loss_fn, state.policy_params, batch, num_micro)

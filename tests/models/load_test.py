@@ -118,7 +118,7 @@ class BadInputTest(absltest.TestCase):
     cfg["model_type"] = "gpt2"
     with open(os.path.join(self.path, "config.json"), "w") as f:
       json.dump(cfg, f)
-    with self.assertRaisesRegex(ValueError, r"model_type='gpt2'.*\['llama', 'qwen2', 'qwen3'\]"):
+    with self.assertRaisesRegex(ValueError, r"model_type='gpt2'.*\['llama', 'qwen2', 'qwen3', 'qwen3_moe', 'mixtral'\]"):
       models.from_pretrained(self.path)
 
   def test_tensor_shape_mismatch_names_the_tensor(self):

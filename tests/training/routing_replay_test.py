@@ -1,0 +1,69 @@
+"""Routing replay on an MoE policy in bf16: the sampler records its experts, and with
+`config.algo.routing_replay='rollout'` the first pass routes every token as the sampler did
+(routing_mismatch 0), for GSPO's sequence ratio and for GRPO's token ratio."""
+import json
+import os
+
+from absl.testing import absltest, parameterized
+
+from configs import grpo, gspo
+from jaxrl_llm import training
+from jaxrl_llm.config import ConfigError, validate
+
+PRESETS = {"gspo": gspo, "grpo": grpo}
+
+
+def moe_bf16(preset: str, replay: str):
+  """A preset's first pass (one minibatch, one step) in bf16 on a random Qwen3-MoE."""
+  c = PRESETS[preset].get_config("runlocal")
+  a = c.model.arch
+  a.model_type, a.num_experts, a.num_experts_per_tok, a.moe_intermediate_size = (
+      "qwen3_moe", 8, 2, 64)
+  a.hidden_size, a.intermediate_size, a.num_layers, a.num_heads, a.num_kv_heads, a.head_dim = (
+      128, 256, 3, 4, 2, 32)
+  c.model.dtype = "bfloat16"
+  c.algo.num_minibatches, c.algo.routing_replay = 1, replay
+  c.train.steps, c.train.prompts_per_step = 1, 8
+  c.sampling.max_new_tokens, c.sampling.temperature, c.sampling.engine = 32, 0.7, "static"
+  c.logging.tensorboard = False
+  return c
+
+
+class RoutingReplayTest(parameterized.TestCase):
+
+  def _first_pass(self, config):
+    workdir = self.create_tempdir().full_path
+    training.train(config, workdir)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      return [json.loads(line) for line in f][-1]
+
+  @parameterized.parameters("gspo", "grpo")
+  def test_replay_routes_as_the_sampler(self, preset):
+    replayed = self._first_pass(moe_bf16(preset, "rollout"))
+    self.assertEqual(replayed["moe/routing_mismatch"], 0.0)
+    self.assertLessEqual(replayed["clip_frac"], 0.01)
+    for key in ("moe/aux_loss", "moe/z_loss", "moe/expert_load_max"):
+      self.assertIn(key, replayed)
+    self.assertGreaterEqual(replayed["moe/expert_load_max"], 1 / 8)
+    live = self._first_pass(moe_bf16(preset, "off"))  # measured, not replayed
+    self.assertGreaterEqual(live["moe/routing_mismatch"], 0.0)
+    print(f"{preset}: routing_mismatch replay {replayed['moe/routing_mismatch']:.4f} / off "
+          f"{live['moe/routing_mismatch']:.4f}; clip_frac replay {replayed['clip_frac']:.4f} / "
+          f"off {live['clip_frac']:.4f}")
+
+  def test_replay_needs_an_moe_policy_and_the_static_engine(self):
+    c = moe_bf16("grpo", "rollout")
+    c.model.arch.model_type = "llama"
+    with self.assertRaisesRegex(ConfigError, r"routing_replay='rollout'.*not a mixture"):
+      validate(c)
+    c = moe_bf16("grpo", "rollout")
+    c.sampling.engine = "continuous"
+    with self.assertRaisesRegex(ConfigError, r"routing_replay='rollout'.*engine='static'"):
+      validate(c)
+    c = moe_bf16("grpo", "sometimes")
+    with self.assertRaisesRegex(ConfigError, r"routing_replay.*'off', 'rollout'"):
+      validate(c)
+
+
+if __name__ == "__main__":
+  absltest.main()
