@@ -35,9 +35,10 @@ PODS = {  # run with 16 devices in a subprocess
 }
 
 
-def tiny_qwen3(path: str) -> str:
-  """A random 3-layer Qwen3 and a character tokenizer with a chat template, in `path`."""
-  hf_testing.save_hf_model(hf_testing.make_hf_model("qwen3", vocab_size=128), path)
+def tiny_qwen3(path: str, arch: str = "qwen3") -> str:
+  """A random 3-layer Qwen3 (or Qwen3-MoE) and a character tokenizer with a chat template,
+  in `path`."""
+  hf_testing.save_hf_model(hf_testing.make_hf_model(arch, vocab_size=128), path)
   char_tokenizer.build_char_tokenizer(path, vocab_size=128,
                                       chat_template=char_tokenizer.SIMPLE_CHAT_TEMPLATE)
   return path
@@ -53,7 +54,8 @@ def validate(arg: str, model_path: str, num_devices: int, num_processes: int):
   with mock.patch.object(jax, "process_count", return_value=num_processes):
     config_lib.validate(config, devices)
   mesh = sh.make_mesh(config.mesh, devices)
-  return config, tuple(mesh.shape[a] for a in sh.MESH_AXES)
+  assert mesh.shape["expert"] == 1, mesh.shape  # a dense model: no expert parallelism
+  return config, tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor"))
 
 
 def check_shards(test, config, size, mesh_shape):

@@ -82,15 +82,20 @@ class MoeParityTest(parameterized.TestCase):
     from jaxrl_llm import sampling
     hf, _, model = self._load(arch, tied, **overrides)
     prompts = [[5, 17, 33, 8, 61, 12], [40, 9, 77]]
-    for loop in ("scan", "unrolled"):
+    for loop, engine in (("scan", "static"), ("unrolled", "static"), ("scan", "continuous")):
       out = sampling.generate(model, prompts, num_samples=1, max_new_tokens=12, temperature=0.0,
-                              layer_loop=loop)
+                              layer_loop=loop, engine=engine, page_size=8)
       for i, p in enumerate(prompts):
         with torch.no_grad():
           want = hf.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                              do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
         np.testing.assert_array_equal(np.asarray(out.tokens[i]), want[0, len(p):].numpy(),
-                                      err_msg=loop)
+                                      err_msg=f"{loop} {engine}")
+      if engine == "static":  # the experts of every prompt token and fed-back completion token
+        routing = np.asarray(out.routing)
+        self.assertEqual(routing.shape[2:], (model.config.num_moe_layers, 2))
+        self.assertTrue(np.all(routing[:, -12:-1] >= 0))  # fed back: recorded
+        self.assertTrue(np.all(routing[:, -1] == -1))  # the last token is never fed back
 
 
 class ExpertKernelTest(parameterized.TestCase):

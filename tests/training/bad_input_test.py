@@ -110,8 +110,8 @@ class ConfigKeysTest(CatalogTest):
        "config.model.path='/no/such/model': model path '/no/such/model' does not exist or is "
        "not a directory (expected a "),
       ("mesh_does_not_fit", ["--config.mesh.data=3"],
-       "config.mesh (data=3, fsdp=1, tensor=1) needs 3 devices; there are 8: expected sizes "
-       "whose product is 8 (or one axis -1 for the rest)"),
+       "config.mesh (data=3, fsdp=1, expert=1, tensor=1) needs 3 devices; there are 8: expected "
+       "sizes whose product is 8 (or one axis -1 for the rest)"),
       ("log_every_zero", ["--config.train.log_every=0"],
        "config.train.log_every=0: expected a positive integer"),
       ("checkpoint_keep_zero", ["--config.checkpoint.keep=0"],
@@ -271,10 +271,10 @@ class ValuesTest(CatalogTest):
 
   @parameterized.named_parameters(
       ("product_is_not_the_device_count", dict(data=3, fsdp=1, tensor=1),
-       "config.mesh (data=3, fsdp=1, tensor=1) needs 3 devices; there are 8: expected sizes "
-       "whose product is 8"),
+       "config.mesh (data=3, fsdp=1, expert=1, tensor=1) needs 3 devices; there are 8: expected "
+       "sizes whose product is 8"),
       ("rest_axis_does_not_divide", dict(data=-1, fsdp=3, tensor=1),
-       "config.mesh (data=-1, fsdp=3, tensor=1): the other axes (3 devices) do not divide the 8 "
+       "config.mesh (data=-1, fsdp=3, expert=1, tensor=1): the other axes (3 devices) do not divide the 8 "
        "devices"),
   )
   def test_mesh_shape(self, shape, message):
@@ -285,10 +285,11 @@ class ValuesTest(CatalogTest):
 
   @parameterized.named_parameters(
       # 3 prompts x 2 samples = 6 rows over data=8.
-      ("data_axis", dict(data=-1, fsdp=1, tensor=1), 3, 2, "6 rollout rows", 8, "data=8 x fsdp=1"),
+      ("data_axis", dict(data=-1, fsdp=1, tensor=1), 3, 2, "6 rollout rows", 8,
+       "data=8 x fsdp=1 x expert=1"),
       # 2 rows would split over data=2 alone; the 'batch' rule adds fsdp=4.
       ("data_and_fsdp_axes", dict(data=2, fsdp=4, tensor=1), 1, 2, "2 rollout rows", 8,
-       "data=2 x fsdp=4"),
+       "data=2 x fsdp=4 x expert=1"),
   )
   def test_batch_not_divisible_by_the_batch_shards(self, shape, P, G, rows, shards, sizes):
     config = small_config()

@@ -33,6 +33,16 @@ def _count(algo, **kw):
 
 class StepFlopsTest(parameterized.TestCase):
 
+  def test_moe_layers_count_their_active_parameters(self):
+    # MODEL with layer 1 an MoE of E = 5 experts of width 3, k = 2 per token. By hand:
+    #   layer 0 (dense): D*Dh*(2H + 2K) + 3*D*F = 48 + 72 = 120 weights per token
+    #   layer 1 (MoE): 48 + router D*E = 20 + k experts 2 * 3*D*3 = 72: 140 (not 48 + 20 + 180)
+    moe = MODEL.replace(model_type="qwen3_moe", qk_norm=True, num_experts=5,
+                        num_experts_per_tok=2, moe_intermediate_size=3, moe_layers=(1,))
+    self.assertEqual(flops.active_layer_params(moe), 120 + 140)
+    self.assertEqual(flops.forward_flops(moe, 1, 0) - flops.forward_flops(MODEL, 1, 0),
+                     2 * (140 - 120))
+
   def test_grpo_with_a_reference(self):
     got = _count(grpo.get_config().algo, prompts=2, samples=4, reference=True)
     self.assertAlmostEqual(got["sample"], PREFILL_2 + DECODE)
