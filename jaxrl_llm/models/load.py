@@ -58,9 +58,10 @@ def _linear_out(x: np.ndarray, n_in: int) -> np.ndarray:
   return x.reshape(math.prod(x.shape[:n_in]), -1).T
 
 
-def _moe_prefix(cfg: ModelConfig) -> str:
-  """Where an MoE layer's router and experts sit in HF names."""
-  return "block_sparse_moe" if cfg.model_type == "mixtral" else "mlp"
+def _moe_prefix(cfg: ModelConfig, fused_experts: bool = False) -> str:
+  """Where an MoE layer's router and experts sit in HF names (transformers 5's fused
+  layout calls Mixtral's `block_sparse_moe` `mlp` too)."""
+  return "block_sparse_moe" if cfg.model_type == "mixtral" and not fused_experts else "mlp"
 
 
 # HF's per-expert names (the checkpoints' format): (gate, up, down) under `experts.{j}.`.
@@ -79,7 +80,7 @@ def _layer_hf_shapes(cfg: ModelConfig, kind: str = "dense",
       "self_attn.v_proj.weight": (K * Dh, D), "self_attn.o_proj.weight": (D, H * Dh),
   }
   if kind == "moe":
-    E, Fe, prefix = cfg.num_experts, cfg.moe_intermediate_size, _moe_prefix(cfg)
+    E, Fe, prefix = cfg.num_experts, cfg.moe_intermediate_size, _moe_prefix(cfg, fused_experts)
     shapes[f"{prefix}.gate.weight"] = (E, D)
     if fused_experts:
       shapes.update({f"{prefix}.experts.gate_up_proj": (E, 2 * Fe, D),
@@ -108,8 +109,10 @@ def _layer_hf_shapes(cfg: ModelConfig, kind: str = "dense",
 def _experts_from_hf(hf: dict[str, np.ndarray], cfg: ModelConfig) -> Layer:
   """An MoE layer's router and experts -> ('mlp', 'router') [D, E], ('mlp', 'gate_up_proj')
   [E, D, 2, F], ('mlp', 'down_proj') [E, F, D]."""
-  E, Fe, prefix = cfg.num_experts, cfg.moe_intermediate_size, _moe_prefix(cfg)
-  if f"{prefix}.experts.gate_up_proj" in hf:  # fused: [E, 2F, D] (gate rows, then up rows)
+  E, Fe = cfg.num_experts, cfg.moe_intermediate_size
+  fused = "mlp.experts.gate_up_proj" in hf
+  prefix = _moe_prefix(cfg, fused)
+  if fused:  # [E, 2F, D]: gate rows, then up rows
     gate_up = hf[f"{prefix}.experts.gate_up_proj"].reshape(E, 2, Fe, -1).transpose(0, 3, 1, 2)
     down = hf[f"{prefix}.experts.down_proj"].transpose(0, 2, 1)
   else:
@@ -322,7 +325,7 @@ def load_params(path: str, cfg: ModelConfig) -> dict[str, Any]:
   stacks: dict[str, Layer] = {}
   sizes = {name: stop - start for (_, start, stop), name in zip(cfg.segments, cfg.stack_names)}
   for i, (stack, j, kind) in enumerate(layer_places(cfg)):  # one layer at a time, stacked
-    fused = f"model.layers.{i}.{_moe_prefix(cfg)}.experts.gate_up_proj" in st.entries
+    fused = f"model.layers.{i}.mlp.experts.gate_up_proj" in st.entries
     shapes = _layer_hf_shapes(cfg, kind, fused_experts=fused)
     hf = {name: read(f"model.layers.{i}.{name}", shape) for name, shape in shapes.items()}
     stacked = stacks.setdefault(stack, {})

@@ -78,6 +78,14 @@ class MoeParityTest(parameterized.TestCase):
     jax.tree.map(np.testing.assert_array_equal, again.params, model.params)
 
   @parameterized.named_parameters(VARIANTS[1], VARIANTS[3])
+  def test_transformers_fused_expert_layout_loads_the_same(self, arch, tied=False, **overrides):
+    hf, _, model = self._load(arch, tied, **overrides)
+    fused = hf_testing.save_hf_model(hf, self.create_tempdir().full_path,
+                                     save_original_format=False)  # experts.gate_up_proj
+    jax.tree.map(np.testing.assert_array_equal, models.from_pretrained(fused).params,
+                 model.params)
+
+  @parameterized.named_parameters(VARIANTS[1], VARIANTS[3])
   def test_greedy_decoding_token_for_token(self, arch, tied=False, **overrides):
     from jaxrl_llm import sampling
     hf, _, model = self._load(arch, tied, **overrides)
