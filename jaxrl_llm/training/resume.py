@@ -25,7 +25,7 @@ from jaxrl_llm.training import state as state_lib
 from jaxrl_llm.training.plan import Plan
 
 # config.model fields that change speed or memory, not the model (allowed to change on resume).
-SPEED_FIELDS = ("remat", "attention")
+SPEED_FIELDS = ("remat", "attention", "moe_impl")
 
 
 @dataclasses.dataclass
