@@ -4,11 +4,13 @@
 import json
 import os
 
+import numpy as np
 from absl.testing import absltest, parameterized
 
 from configs import grpo, gspo
 from jaxrl_llm import training
 from jaxrl_llm.config import ConfigError, validate
+from tests.training.run_logs import comparable, read_jsonl, resume_from_step_two
 
 PRESETS = {"gspo": gspo, "grpo": grpo}
 
@@ -50,6 +52,25 @@ class RoutingReplayTest(parameterized.TestCase):
     print(f"{preset}: routing_mismatch replay {replayed['moe/routing_mismatch']:.4f} / off "
           f"{live['moe/routing_mismatch']:.4f}; clip_frac replay {replayed['clip_frac']:.4f} / "
           f"off {live['clip_frac']:.4f}")
+
+  def test_an_moe_run_resumes_exactly(self):
+    """Steps 3 and 4 after a resume from step 2's checkpoint: the MoE's stacks, its
+    optimizer state and the replayed routing come back as they were."""
+    config = moe_bf16("grpo", "rollout")
+    config.model.dtype = "float32"
+    config.model.arch.num_layers = 2
+    config.train.steps, config.checkpoint.every = 4, 2
+    config.sampling.max_new_tokens = 8
+    first = self.create_tempdir().full_path
+    training.train(config, first)
+    rows = read_jsonl(first)
+    resumed = resume_from_step_two(config, first, self.create_tempdir().full_path)
+    self.assertEqual([r["step"] for r in resumed], [1, 2, 3, 4])
+    for a, b in zip(rows[2:], resumed[2:]):
+      a, b = comparable(a), comparable(b)
+      self.assertIn("moe/aux_loss", a)
+      for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
   def test_replay_needs_an_moe_policy_and_the_static_engine(self):
     c = moe_bf16("grpo", "rollout")
