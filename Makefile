@@ -29,9 +29,10 @@ demo: $(DEMO_STAMP)
 	rm -rf $(DEMO_DIR)
 	JAX_PLATFORMS=cpu $(PY) -m launch.demo --workdir=$(DEMO_DIR)
 
-# Two workers, each taking whole files (module-level set-up is shared within a file).
+# Two workers, each taking whole files (module-level set-up is shared within a file); the
+# 25 slowest tests are listed at the end (what to trim when the suite grows).
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache
