@@ -3,7 +3,7 @@
 Every array that lives on devices (policy, reference and value parameters, optimizer
 state, KV caches, batches) names its dimensions with the logical axes below. A table of
 rules (`config.mesh.rules`) maps each logical axis to zero, one or several mesh axes
-(`data`, `fsdp`, `tensor`). A mesh axis shards an array's dimension only where it
+(`data`, `fsdp`, `expert`, `tensor`). A mesh axis shards an array's dimension only where it
 divides it, and at most once per array. A parameter dimension that the rules put on a
 mesh axis that does not divide it stays replicated over that axis, and the set-up says so
 once per parameter and axis (a warning naming both): the run is correct, but that
@@ -66,11 +66,12 @@ def freeze_rules(rules: Rules | None) -> tuple | None:
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Builds the (data, fsdp, tensor) mesh from `config.mesh`.
+  """Builds the (data, fsdp, expert, tensor) mesh from `config.mesh`.
 
   Args:
-    mesh_cfg: anything with integer attributes (or keys) `data`, `fsdp`, `tensor`; one of
-      them may be -1, meaning "all the devices the others leave".
+    mesh_cfg: anything with integer attributes (or keys) `data`, `fsdp`, `tensor` and
+      optionally `expert` (absent: 1); one of them may be -1, meaning "all the devices the
+      others leave".
     devices: defaults to all devices of all processes.
   Returns:
     A `jax.sharding.Mesh` with axis names MESH_AXES ('data', 'fsdp', 'expert', 'tensor').
@@ -110,7 +111,7 @@ def split_meshes(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> tuple
   """(trainer mesh, rollout mesh) from `config.mesh`.
 
   `mesh_cfg.rollout_devices = n > 0` gives the sampler n devices of its own and builds the
-  trainer's mesh (`make_mesh`: data, fsdp, tensor) over the rest; n = 0 gives one mesh over
+  trainer's mesh (`make_mesh`: data, fsdp, expert, tensor) over the rest; n = 0 gives one mesh over
   every device and no rollout mesh. With one process the sampler's mesh is the first n
   devices, tensor-parallel (data = fsdp = 1, tensor = n). With several, every process gives
   the sampler its first n / process_count devices, and the sampler's mesh is data-parallel
