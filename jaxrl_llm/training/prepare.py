@@ -87,8 +87,7 @@ def prepare_batch(batch, policy, reference, value, teacher=None, baselines=None,
   if plan.old_logp == "sampler":
     old_logp = jnp.where(mask > 0, batch["sampler_logp"], 0.0)
   elif plan.old_logp == "recompute":  # as the update will route (routing replay)
-    replay = policy.config.is_moe and algo.get("routing_replay", "off") == "rollout"
-    old_logp = jnp.where(mask > 0, logp(policy, replay), 0.0)
+    old_logp = jnp.where(mask > 0, logp(policy, steps.replays_routing(policy.config, algo)), 0.0)
   if reference is not None:
     ref_logp = jnp.where(mask > 0, logp(reference), 0.0)
   if teacher is not None:

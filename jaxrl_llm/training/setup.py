@@ -13,7 +13,7 @@ from jaxrl_llm import data, models
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.models import load
-from jaxrl_llm.models.config import ModelConfig, from_hf_dict
+from jaxrl_llm.models.config import MOE_MODEL_TYPES, ModelConfig, from_hf_dict
 from jaxrl_llm.training import programs as programs_lib
 from jaxrl_llm.training import state as state_lib
 from jaxrl_llm.training.plan import Plan
@@ -40,7 +40,7 @@ def model_config(m, path: str | None = None) -> ModelConfig:
 def _arch_config(m) -> ModelConfig:
   """The built-in architecture `config.model.arch` with the numerics of `config.model`."""
   a = m.arch
-  moe = {} if a.model_type not in ("qwen3_moe", "mixtral") else dict(
+  moe = {} if a.model_type not in MOE_MODEL_TYPES else dict(
       num_experts=a.num_experts, num_experts_per_tok=a.num_experts_per_tok,
       moe_intermediate_size=a.moe_intermediate_size, norm_topk_prob=a.norm_topk_prob)
   return ModelConfig(

@@ -81,6 +81,11 @@ def completion_values(value_model: models.Model, batch):
   return models.unembed(value_model, _completion_hidden(value_model, batch)[0])
 
 
+def replays_routing(model_config: models.ModelConfig, algo) -> bool:
+  """Whether the policy's forwards route as the sampler recorded (`algo.routing_replay`)."""
+  return model_config.is_moe and algo.get("routing_replay", "off") == "rollout"
+
+
 def router_terms(cfg: models.ModelConfig, routing, batch, num_micro: int, tokens):
   """An MoE policy's router losses and metrics for one piece of a minibatch: (loss,
   metrics). The loss is router_aux_loss_coef * aux + router_z_loss_coef * z (`models.moe`),
@@ -195,8 +200,8 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
   echo_count = objectives.echo_count(batch["echo_weights"]) if "echo_weights" in batch else None
 
   is_moe = model_static.config.is_moe
-  replay = is_moe and algo.get("routing_replay", "off") == "rollout"
-  tokens = jnp.sum(batch["loss_mask"].astype(jnp.float32))
+  replay = replays_routing(model_static.config, algo)
+  tokens = objectives.batch_counts(batch["loss_mask"])["tokens"]
 
   def loss_fn(params, piece):
     model = model_static.replace(params=params)
