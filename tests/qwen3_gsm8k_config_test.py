@@ -44,6 +44,20 @@ def tiny_qwen3(path: str, arch: str = "qwen3") -> str:
   return path
 
 
+def write_gsm8k_records(data_dir: str) -> str:
+  """A few GSM8K-style records as `data_dir/{train,eval}.jsonl` (launch/prepare_gsm8k's
+  layout); returns `data_dir`."""
+  problems = [("Ann has 3 apples and buys 4 more. How many apples does she have?", 7),
+              ("A box holds 12 pens. How many pens are in 2 boxes?", 24),
+              ("Tom had 10 cards and gave away 4. How many are left?", 6)]
+  for split in ("train", "eval"):
+    with open(os.path.join(data_dir, f"{split}.jsonl"), "w") as f:
+      for question, answer in problems:
+        f.write(json.dumps({"prompt": f"{question}\n\nAnswer after ####.",
+                            "answer": f"Work.\n#### {answer}"}) + "\n")
+  return data_dir
+
+
 def validate(arg: str, model_path: str, num_devices: int, num_processes: int):
   """config.validate on the first `num_devices` devices as `num_processes` hosts; the mesh."""
   config = qwen3_gsm8k.get_config(arg)
@@ -135,15 +149,7 @@ class Qwen3Gsm8kConfigTest(parameterized.TestCase):
 
   def test_runlocal_trains_on_a_tiny_qwen3(self):
     """Chat template, bf16, remat, GSM8K records and reward: two steps, end to end."""
-    data_dir = self.create_tempdir().full_path
-    problems = [("Ann has 3 apples and buys 4 more. How many apples does she have?", 7),
-                ("A box holds 12 pens. How many pens are in 2 boxes?", 24),
-                ("Tom had 10 cards and gave away 4. How many are left?", 6)]
-    for split in ("train", "eval"):
-      with open(os.path.join(data_dir, f"{split}.jsonl"), "w") as f:
-        for question, answer in problems:
-          f.write(json.dumps({"prompt": f"{question}\n\nAnswer after ####.",
-                              "answer": f"Work.\n#### {answer}"}) + "\n")
+    data_dir = write_gsm8k_records(self.create_tempdir().full_path)
     config = qwen3_gsm8k.get_config("runlocal")
     config.model.path = self.model
     config.data.source = f"jsonl:{data_dir}/{{split}}.jsonl"

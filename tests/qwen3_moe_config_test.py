@@ -49,12 +49,7 @@ class Qwen3MoeConfigTest(absltest.TestCase):
     self.assertEqual(config.algo.routing_replay, "rollout")
 
   def test_runlocal_trains_on_a_tiny_qwen3_moe(self):
-    data_dir = self.create_tempdir().full_path
-    for split in ("train", "eval"):
-      with open(os.path.join(data_dir, f"{split}.jsonl"), "w") as f:
-        for question, answer in [("Ann has 3 apples and buys 4. How many?", 7),
-                                 ("Tom had 10 cards and gave away 4. How many are left?", 6)]:
-          f.write(json.dumps({"prompt": question, "answer": f"#### {answer}"}) + "\n")
+    data_dir = dense_test.write_gsm8k_records(self.create_tempdir().full_path)
     config = qwen3_moe_gsm8k.get_config("runlocal")
     config.model.path = self.model
     config.data.source = f"jsonl:{data_dir}/{{split}}.jsonl"
