@@ -20,19 +20,20 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import safetensors.numpy
 from flax import struct
 from jax.sharding import Mesh
 
 from jaxrl_llm import paths
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.models import kv_cache, load
+from jaxrl_llm.models import kv_cache, load, lora, quant
 from jaxrl_llm.models.config import ModelConfig, from_hf_dict, to_hf_dict
 from jaxrl_llm.models.transformer import Transformer
 
 __all__ = [
     "Model", "ModelConfig", "abstract_params", "compute_logits", "compute_values", "forward",
-    "from_pretrained", "init", "init_cache", "place", "positions_from_mask", "save_pretrained",
-    "unembed", "value_model",
+    "from_pretrained", "init", "init_cache", "merged", "place", "positions_from_mask",
+    "quantize_base", "save_adapter", "save_pretrained", "unembed", "value_model", "with_lora",
 ]
 
 init_cache = kv_cache.init_cache
@@ -151,6 +152,7 @@ def save_pretrained(model: Model, path: str, *, max_shard_bytes: int = 5 * 2**30
   if model.config.head != "lm":
     raise ValueError("only language models (head='lm') save to the Hugging Face format; "
                      "checkpoint a value model with the trainer's orbax checkpoints")
+  model = merged(model)  # adapters added in, an int8 base dequantized
   hf_config = to_hf_dict(model.config)
   params = jax.tree.map(_host, model.params)
   if jax.process_index() != 0:
@@ -158,6 +160,62 @@ def save_pretrained(model: Model, path: str, *, max_shard_bytes: int = 5 * 2**30
   paths.makedirs(path)
   load.save_params(load.hf_tensors(params, model.config), path, max_shard_bytes)
   paths.write_atomic(paths.join(path, load.CONFIG_FILE), json.dumps(hf_config, indent=2))
+
+
+def with_lora(model: Model, rank: int, alpha: float, targets: tuple[str, ...], rng: jax.Array,
+              dropout: float = 0.0) -> Model:
+  """`model` plus fresh LoRA adapters (`lora`; B = 0, so its outputs are unchanged) on the
+  projections `targets`, created where the model is placed."""
+  cfg = model.config.replace(lora_rank=rank, lora_alpha=float(alpha), lora_targets=tuple(targets),
+                             lora_dropout=float(dropout))
+  make = lambda: lora.split(_boxed_init(cfg, rng))[1]
+  if model.mesh is None:
+    adapters = nn.unbox(jax.jit(make)())
+  else:
+    adapters, _ = sh.init_sharded(make, model.mesh, model.rules)
+  return model.replace(params=lora.join(model.params, adapters), config=cfg)
+
+
+def quantize_base(model: Model) -> Model:
+  """`model` with its layers' projection kernels stored in int8 (`quant`: QLoRA's base),
+  in the shardings of the int8 layout."""
+  cfg = model.config.replace(base_quant="int8")
+  params = quant.quantize_params(model.params, cfg.stack_names)
+  if model.mesh is not None:
+    params = sh.put(params, param_shardings(cfg, model.mesh, model.rules))
+  return model.replace(params=params, config=cfg)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _merge(params, cfg: ModelConfig):
+  return lora.merge(params, cfg)
+
+
+def merged(model: Model) -> Model:
+  """The model with its adapters added into the kernels and an int8 base dequantized (to
+  the param dtype): a plain model, as exported; `model` itself when it is one already."""
+  cfg = model.config
+  if not cfg.has_lora and cfg.base_quant == "none":
+    return model
+  return model.replace(params=_merge(model.params, cfg), config=lora.merged_config(cfg))
+
+
+def save_adapter(model: Model, path: str, base_model_name_or_path: str | None) -> None:
+  """Writes `model`'s adapters in PEFT's format (adapter_config.json and
+  adapter_model.safetensors, `lora`), for `peft.PeftModel.from_pretrained` onto the base
+  at `base_model_name_or_path`. Every process calls it; process 0 writes."""
+  if not model.config.has_lora:
+    raise ValueError("save_adapter needs a model with LoRA adapters (models.with_lora)")
+  adapters = jax.tree.map(_host, lora.split(model.params)[1])
+  if jax.process_index() != 0:
+    return
+  paths.makedirs(path)
+  tmp = paths.temp_file_for(paths.join(path, lora.PEFT_WEIGHTS_FILE))
+  safetensors.numpy.save_file(dict(lora.peft_tensors(adapters, model.config)), tmp,
+                              metadata={"format": "pt"})
+  paths.replace(tmp, paths.join(path, lora.PEFT_WEIGHTS_FILE))
+  paths.write_atomic(paths.join(path, lora.PEFT_CONFIG_FILE), json.dumps(
+      lora.adapter_config(model.config, base_model_name_or_path), indent=2))
 
 
 def value_model(policy: Model) -> Model:
@@ -178,18 +236,22 @@ def positions_from_mask(mask_BT: jax.Array) -> jax.Array:
 
 
 def forward(model: Model, tokens_BT, positions_BT, kv_mask_BS, cache=None, cache_index=0,
-            return_hidden=False, rope=None, routing_BTLk=None, with_router=False):
+            return_hidden=False, rope=None, routing_BTLk=None, with_router=False,
+            dropout_rng=None):
   """One call of the transformer (not jitted: call it inside your own jitted function).
 
   `rope`: the positions' (cos, sin) tables when the caller computes them itself.
   An MoE model: `routing_BTLk` replays recorded experts (int32 [B, T, MoE layers, k], -1:
   the live choice), and `with_router` adds its routing to the result
-  (`transformer.routing_summary`; None for a dense model).
+  (`transformer.routing_summary`; None for a dense model). `dropout_rng`: the key of the
+  LoRA adapters' dropout (`ModelConfig.lora_dropout`; None: no dropout).
   Returns (logits [B, T, V] float32 | values [B, T] | hidden [B, T, D], new cache or None
   [, routing]).
   """
+  rngs = None if dropout_rng is None else {"dropout": dropout_rng}
   return model.module.apply({"params": model.params}, tokens_BT, positions_BT, kv_mask_BS,
-                            cache, cache_index, return_hidden, rope, routing_BTLk, with_router)
+                            cache, cache_index, return_hidden, rope, routing_BTLk, with_router,
+                            rngs=rngs)
 
 
 def unembed(model: Model, hidden_BTD):

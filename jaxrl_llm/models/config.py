@@ -27,6 +27,12 @@ REMAT_POLICIES = ("none", "dots", "full")
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 # How an MoE layer runs its experts (`moe.expert_ffn`): 'auto' picks per platform.
 MOE_IMPLS = ("auto", "ragged", "blocked")
+# The projections a LoRA adapter can sit on (`lora`): attention's fused q/k/v and its
+# output, the MLP's fused gate/up and its down projection.
+LORA_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# How the frozen weights of the layers' projections are stored (`quant`): as they are, or
+# int8 with one float scale per output channel (QLoRA's frozen base).
+BASE_QUANTS = ("none", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +70,12 @@ class ModelConfig:
       written back; the trainer's `config.model.router_aux_loss_coef` may replace it).
     router_z_loss_coef: the weight of the router z-loss in an update (0: off).
     moe_impl: how the experts run, one of MOE_IMPLS (`moe.expert_ffn`).
+    lora_rank: r of the LoRA adapters (0: none; `lora`).
+    lora_alpha: their scale is lora_alpha / lora_rank (PEFT's).
+    lora_targets: the projections that carry one (names in LORA_TARGETS).
+    lora_dropout: dropout on an adapter's input, in forwards given a 'dropout' key.
+    base_quant: how the layers' projection kernels are stored, one of BASE_QUANTS
+      (`quant`); 'int8' only beside adapters (the frozen base of QLoRA).
   """
 
   vocab_size: int
@@ -99,6 +111,11 @@ class ModelConfig:
   router_aux_loss_coef: float = 0.0
   router_z_loss_coef: float = 0.0
   moe_impl: str = "auto"
+  lora_rank: int = 0
+  lora_alpha: float = 0.0
+  lora_targets: tuple[str, ...] = ()
+  lora_dropout: float = 0.0
+  base_quant: str = "none"
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -135,10 +152,38 @@ class ModelConfig:
       if bad or list(self.moe_layers or ()) != sorted(set(self.moe_layers or ())):
         raise ValueError(f"moe_layers={self.moe_layers}: expected increasing layer indices in "
                          f"[0, {self.num_layers})")
+    self._check_lora()
     rope_type = self.rope_params.get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
       raise ValueError(f"rope_scaling rope_type={rope_type!r} is not supported; "
                        f"expected one of {list(SUPPORTED_ROPE_TYPES)}")
+
+  def _check_lora(self):
+    if self.lora_rank < 0:
+      raise ValueError(f"lora_rank={self.lora_rank}: expected 0 (no adapters) or more")
+    bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
+    if bad or (self.lora_rank > 0) != bool(self.lora_targets):
+      raise ValueError(f"lora_targets={self.lora_targets}: expected names from "
+                       f"{list(LORA_TARGETS)}, some exactly when lora_rank > 0")
+    if self.lora_rank > 0 and self.is_moe and {"gate_up_proj", "down_proj"} & set(self.lora_targets):
+      raise ValueError(f"lora_targets={self.lora_targets}: an MoE model's experts carry no "
+                       "adapters; expected attention targets only (qkv_proj, o_proj)")
+    if not 0 <= self.lora_dropout < 1:
+      raise ValueError(f"lora_dropout={self.lora_dropout}: expected a probability in [0, 1)")
+    if self.base_quant not in BASE_QUANTS:
+      raise ValueError(f"base_quant={self.base_quant!r}: expected one of {list(BASE_QUANTS)}")
+
+  @property
+  def has_lora(self) -> bool:
+    return self.lora_rank > 0
+
+  @property
+  def lora_scale(self) -> float:
+    return self.lora_alpha / self.lora_rank
+
+  def without_lora(self) -> "ModelConfig":
+    """The same model without adapters: the base (still stored as `base_quant` says)."""
+    return self.replace(lora_rank=0, lora_alpha=0.0, lora_targets=(), lora_dropout=0.0)
 
   @property
   def rope_params(self) -> dict[str, Any]:

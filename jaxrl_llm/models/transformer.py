@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.models import attention, kv_cache, moe, value_head
+from jaxrl_llm.models import attention, kv_cache, moe, quant, value_head
 from jaxrl_llm.models.config import ModelConfig
 
 _init = nn.initializers.normal(stddev=0.02)
@@ -103,28 +103,101 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Module):
-  """y = einsum(eqn, x, kernel) (+ bias over the kernel's trailing `len(bias_axes)` dims)."""
+  """y = einsum(eqn, x, kernel) (+ bias over the kernel's trailing `len(bias_axes)` dims).
+
+  The kernel is [in..., out...] (its leading dims are contracted with x). With `lora`
+  (rank r, scale) it also carries a LoRA adapter (`lora`): lora_a [in..., r] and lora_b
+  [r, out...], float32, adding scale * (x @ lora_a) @ lora_b; with `lora_dropout` and a
+  'dropout' key in the call, dropout on the adapter's input (PEFT's). `quantized`: the
+  kernel is int8 with a float32 `kernel_scale` per output channel (`quant`), dequantized in
+  the compute dtype.
+  """
   eqn: str
   kernel_shape: tuple[int, ...]
   kernel_axes: tuple[str, ...]
   bias_axes: tuple[str, ...] | None
   dtype: Any
   param_dtype: Any
+  lora: tuple[int, float] | None = None
+  lora_dropout: float = 0.0
+  quantized: bool = False
 
   def setup(self):  # not compact: a parent may read `kernel` and `bias` without calling
-    self.kernel = self.param("kernel", nn.with_logical_partitioning(_init, self.kernel_axes),
-                             self.kernel_shape, self.param_dtype)
+    x_letters, rest = self.eqn.split(",")
+    k_letters = rest.split("->")[0]
+    n_in = sum(c in x_letters for c in k_letters)
+    in_shape, out_shape = self.kernel_shape[:n_in], self.kernel_shape[n_in:]
+    in_axes, out_axes = self.kernel_axes[:n_in], self.kernel_axes[n_in:]
+    if self.quantized:
+      self.kernel = self.param("kernel", nn.with_logical_partitioning(_int8_init, self.kernel_axes),
+                               self.kernel_shape, jnp.int8)
+      self.kernel_scale = self.param(
+          quant.SCALE, nn.with_logical_partitioning(_int8_scale_init, (None,) * n_in + out_axes),
+          (1,) * n_in + out_shape, jnp.float32)
+    else:
+      self.kernel = self.param("kernel", nn.with_logical_partitioning(_init, self.kernel_axes),
+                               self.kernel_shape, self.param_dtype)
     self.bias = None
     if self.bias_axes is not None:
       shape = self.kernel_shape[len(self.kernel_shape) - len(self.bias_axes):]
       self.bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_axes),
                              shape, self.param_dtype)
+    if self.lora is not None:
+      rank = self.lora[0]
+      bound = float(np.prod(in_shape)) ** -0.5  # PEFT's kaiming_uniform(a=sqrt(5)) of A
+      self.lora_a = self.param(
+          "lora_a", nn.with_logical_partitioning(_symmetric_uniform(bound), in_axes + (None,)),
+          in_shape + (rank,), jnp.float32)
+      self.lora_b = self.param("lora_b", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                      (None,) + out_axes),
+                               (rank,) + out_shape, jnp.float32)
 
   def __call__(self, x):
-    y = jnp.einsum(self.eqn, x.astype(self.dtype), self.kernel.astype(self.dtype))
+    dt = self.dtype
+    kernel = (quant.dequantize(self.kernel, self.kernel_scale, dt) if self.quantized
+              else self.kernel.astype(dt))
+    y = jnp.einsum(self.eqn, x.astype(dt), kernel)
+    if self.lora is not None:
+      y = y + self._adapter(x)
     if self.bias is not None:
-      y = y + _lead(self.bias.astype(self.dtype), y.ndim)
+      y = y + _lead(self.bias.astype(dt), y.ndim)
     return y
+
+  def _adapter(self, x):
+    """scale * (dropout(x) @ lora_a) @ lora_b, in the compute dtype."""
+    x_letters, rest = self.eqn.split(",")
+    k_letters, y_letters = rest.split("->")
+    k_in = "".join(c for c in k_letters if c in x_letters)
+    rows = "".join(c for c in x_letters if c not in k_letters)
+    dt = self.dtype
+    if self.lora_dropout > 0 and self.has_rng("dropout"):
+      keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - self.lora_dropout, x.shape)
+      x = jnp.where(keep, x / (1.0 - self.lora_dropout), 0).astype(x.dtype)
+    h = jnp.einsum(f"{x_letters},{k_in}r->{rows}r", x.astype(dt), self.lora_a.astype(dt))
+    h = h * jnp.asarray(self.lora[1], dt)
+    return jnp.einsum(f"{rows}r,r{k_letters[len(k_in):]}->{y_letters}", h, self.lora_b.astype(dt))
+
+
+def _symmetric_uniform(bound: float):
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+  return init
+
+
+def _int8_init(key, shape, dtype=jnp.int8):
+  """A random int8 kernel (with `_int8_scale_init`, uniform of the float init's std)."""
+  return jax.random.randint(key, shape, -127, 128).astype(dtype)
+
+
+def _int8_scale_init(key, shape, dtype=jnp.float32):
+  del key
+  return jnp.full(shape, 0.02 * 3 ** 0.5 / 127, dtype)
+
+
+def _linear_options(cfg: ModelConfig, name: str) -> dict[str, Any]:
+  """`Linear`'s adapter and storage options for projection `name` of a layer."""
+  lora = (cfg.lora_rank, cfg.lora_scale) if name in cfg.lora_targets else None
+  return dict(lora=lora, lora_dropout=cfg.lora_dropout, quantized=cfg.base_quant == "int8")
 
 
 class Attention(nn.Module):
@@ -143,7 +216,7 @@ class Attention(nn.Module):
     # One matmul for q, k and v: per kv head, its G query heads, then its key and its value.
     qkv_BTKCd = Linear("BTD,DKCd->BTKCd", (D, K, G + 2, Dh), (sh.EMBED, sh.KV_HEADS, None, sh.HEAD_DIM),
                        (sh.KV_HEADS, None, sh.HEAD_DIM) if cfg.qkv_bias else None, dt, pdt,
-                       name="qkv_proj")(x_BTD)
+                       **_linear_options(cfg, "qkv_proj"), name="qkv_proj")(x_BTD)
     q_BTKGd, k_BTKd, v_BTKd = qkv_BTKCd[:, :, :, :G], qkv_BTKCd[:, :, :, G], qkv_BTKCd[:, :, :, G + 1]
     if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim, before RoPE
       q_BTKGd = RMSNorm(cfg.rms_norm_eps, dt, pdt, sh.HEAD_DIM, name="q_norm")(q_BTKGd)
@@ -161,7 +234,7 @@ class Attention(nn.Module):
                             self.mesh, self.rules)
     o_bias = (sh.EMBED,) if cfg.o_bias else None
     out_BTD = Linear("BTHd,HdD->BTD", (H, Dh, D), (sh.HEADS, sh.HEAD_DIM, sh.EMBED), o_bias, dt, pdt,
-                     name="o_proj")(out_BTHd)
+                     **_linear_options(cfg, "o_proj"), name="o_proj")(out_BTHd)
     return out_BTD, layer_cache, (k_BTKd.transpose(0, 2, 1, 3), v_BTKd.transpose(0, 2, 1, 3))
 
 
@@ -176,11 +249,11 @@ class Mlp(nn.Module):
     # Gate and up stacked on a new axis, not concatenated along F, so that F keeps its sharding.
     gate_up_BTCF = Linear("BTD,DCF->BTCF", (D, 2, F), (sh.EMBED, None, sh.MLP),
                           (None, sh.MLP) if cfg.mlp_bias else None, dt, pdt,
-                          name="gate_up_proj")(x_BTD)
+                          **_linear_options(cfg, "gate_up_proj"), name="gate_up_proj")(x_BTD)
     hidden_BTF = jax.nn.silu(gate_up_BTCF[:, :, 0]) * gate_up_BTCF[:, :, 1]
     bias_out = (sh.EMBED,) if cfg.mlp_bias else None
     return Linear("BTF,FD->BTD", (F, D), (sh.MLP, sh.EMBED), bias_out, dt, pdt,
-                  name="down_proj")(hidden_BTF)
+                  **_linear_options(cfg, "down_proj"), name="down_proj")(hidden_BTF)
 
 
 class Block(nn.Module):
@@ -225,7 +298,7 @@ def scanned_layers(cfg: ModelConfig, length: int) -> type[nn.Module]:
   block = Block
   if cfg.remat != "none":
     block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
-  return nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+  return nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                  in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0), length=length,
                  metadata_params={nn.PARTITION_NAME: sh.LAYERS})
 
