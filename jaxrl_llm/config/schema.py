@@ -57,6 +57,20 @@ def model_config() -> ConfigDict:
   })
 
 
+def lora_config() -> ConfigDict:
+  """LoRA adapters on the policy (docs/lora.md): only they train; the base is frozen and,
+  with the adapters off, is the reference model."""
+  return ConfigDict({
+      "rank": 0,  # r of every adapter; 0 = full fine-tuning
+      "alpha": 16.0,  # the adapters' scale is alpha / rank (PEFT's lora_alpha)
+      # comma-separated, of qkv_proj (q, k and v: one adapter), o_proj, gate_up_proj (gate
+      # and up: one adapter), down_proj; 'all' = every one
+      "targets": "all",
+      "dropout": 0.0,  # on each adapter's input in the update (one key per step)
+      "base_quant": "none",  # none | int8: the frozen base's projections stored in int8 (QLoRA)
+  })
+
+
 def teacher_config() -> ConfigDict:
   """A frozen teacher for on-policy distillation (`algo.distill`), sharded like the reference."""
   return ConfigDict({
@@ -308,6 +322,7 @@ def base_config() -> ConfigDict:
   config = ConfigDict()
   config.seed = 0
   config.model = model_config()
+  config.lora = lora_config()
   config.teacher = teacher_config()
   config.mesh = mesh_config()
   config.sampling = sampling_config()

@@ -51,6 +51,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_logging(config.logging)
     _check_batch_shards(config, devices)
     _check_model(config.model)
+    _check_lora(config)
     _check_sources(config)
     _check_envs(config)
     _check_routing_replay(config)
@@ -300,6 +301,41 @@ def _check_model(m) -> None:
     raise ConfigError(f"config.model.arch.vocab_size={m.arch.vocab_size} is smaller than the "
                       f"built-in character tokenizer's {needed} tokens: expected >= {needed}, "
                       "or set config.model.tokenizer_path")
+
+
+def lora_targets(lora) -> tuple[str, ...]:
+  """`config.lora.targets` as projection names ('all': every one)."""
+  if lora.targets.strip() == "all":
+    return model_config.LORA_TARGETS
+  return tuple(t.strip() for t in lora.targets.split(",") if t.strip())
+
+
+def _check_lora(config) -> None:
+  lora = config.lora
+  if lora.rank < 0 or lora.rank != int(lora.rank):
+    _fail("lora.rank", lora.rank, "an integer >= 0 (0 = full fine-tuning)")
+  if lora.rank == 0:
+    if lora.base_quant != "none":
+      _fail("lora.base_quant", lora.base_quant, "'none' without adapters (an int8 base "
+            "cannot be trained; set config.lora.rank > 0)")
+    return
+  targets = lora_targets(lora)
+  bad = [t for t in targets if t not in model_config.LORA_TARGETS]
+  if bad or not targets:
+    _fail("lora.targets", lora.targets, f"'all' or comma-separated names from "
+          f"{list(model_config.LORA_TARGETS)}")
+  if lora.alpha <= 0:
+    _fail("lora.alpha", lora.alpha, "a scale > 0")
+  if not 0 <= lora.dropout < 1:
+    _fail("lora.dropout", lora.dropout, "a probability in [0, 1)")
+  _one_of("lora.base_quant", lora.base_quant, model_config.BASE_QUANTS)
+  m = config.model
+  model_type = model_load.read_config(m.path).get("model_type") if m.path else m.arch.model_type
+  mlp = sorted({"gate_up_proj", "down_proj"} & set(targets))
+  if mlp and model_type in model_config.MOE_MODEL_TYPES:
+    _fail("lora.targets", lora.targets, f"attention targets only (qkv_proj, o_proj): the "
+          f"policy is a mixture of experts (model_type={model_type!r}), whose experts carry "
+          f"no adapters; drop {mlp}")
 
 
 def _check_sources(config) -> None:

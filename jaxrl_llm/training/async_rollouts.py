@@ -93,18 +93,20 @@ class RolloutPipeline:
 
   Args:
     rollouts: `rollout.SampledRollouts`: `rollouts.start(policy, key).finish() -> Rollout`.
-    policy: a `Model` placed where the sampler runs (its parameters are ignored).
+    shardings: where the sampler keeps the trained parameters (`Models.sampler_shardings`).
+    as_policy: trained parameters there -> the `Model` it samples (`Models.on_sampler`).
     start, steps: the first step to sample and the end of the run.
     max_async_level: k >= 1.
     step_key: `step -> PRNG key` (the same keys the synchronous loop uses).
   """
 
-  def __init__(self, rollouts: Callable, policy: models.Model, *, start: int, steps: int,
-               max_async_level: int, step_key: Callable[[int], jax.Array]):
-    self.rollouts, self.policy = rollouts, policy
+  def __init__(self, rollouts: Callable, shardings, as_policy: Callable[[Any], models.Model], *,
+               start: int, steps: int, max_async_level: int,
+               step_key: Callable[[int], jax.Array]):
+    self.rollouts, self.as_policy = rollouts, as_policy
     self.start, self.steps, self.k = start, steps, max_async_level
     self.step_key = step_key
-    self.shardings = jax.tree.map(lambda x: x.sharding, policy.params)
+    self.shardings = shardings
     self._versions: dict[int, Any] = {}
     self._ready = threading.Condition()
     self._out: queue.Queue = queue.Queue()
@@ -165,7 +167,7 @@ class RolloutPipeline:
           params = self._wait_for(version)
           if params is None:
             return
-          pending = self.rollouts.start(self.policy.replace(params=params), self.step_key(step))
+          pending = self.rollouts.start(self.as_policy(params), self.step_key(step))
         rollout = pending.finish()
         rollout.step, rollout.policy_version = step, version
         self._out.put(rollout)

@@ -71,8 +71,8 @@ class Feed:
     self.pipeline = None
     if plan.max_async_level > 0:
       self.pipeline = async_rollouts.RolloutPipeline(
-          self.source, policy if setup.models.rollout_policy is None
-          else setup.models.rollout_policy, start=start.step,
+          self.source, setup.models.sampler_shardings(), setup.models.on_sampler,
+          start=start.step,
           steps=config.train.steps, max_async_level=plan.max_async_level,
           step_key=self.step_key)
     self.staleness: list[int] = []  # per step since the last `async_metrics`

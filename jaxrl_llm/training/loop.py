@@ -49,8 +49,12 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
   config_lib.validate(config, devices, workdir, data=True)
   plan = plan_lib.make_plan(config)
   ckpt, latest = resume.open_checkpoints(workdir, config, plan, resume_with_changes)
-  setup = setup_lib.set_up(config, plan, devices)
-  start = resume.start_point(setup, ckpt, latest, config.seed)
+  try:
+    setup = setup_lib.set_up(config, plan, devices)
+    start = resume.start_point(setup, ckpt, latest, config.seed)
+  except config_lib.ConfigError:
+    ckpt.close()
+    raise
   _record_config(config, workdir, print_config)
   t, programs, mesh = config.train, setup.programs, setup.models.mesh
   feed = feed_lib.Feed(config, plan, setup, start)
@@ -63,7 +67,7 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
       workdir, config.logging.rollouts_every,
       tuple(s.name for s in plan.sources) if plan.mixed else (), start.step)
   peak = _announce(writer, plan, mesh, t.peak_flops_per_device, start.step, workdir)
-  as_policy = lambda st: setup.models.policy.replace(params=st.policy_params)
+  as_policy = lambda st: setup.models.trained_policy(st.policy_params)
   state, row = start.state, {}
   preemption = guards.PreemptionWatch()
   preemption.install()
@@ -91,8 +95,8 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
         t_logprob = time.perf_counter() - t0
         # ---------------------------------------------------------------- Update
         t0 = time.perf_counter()
-        state, update_metrics = programs.update(state, batch, np.random.default_rng([config.seed,
-                                                                                     step]))
+        state, update_metrics = programs.update(
+            state, batch, np.random.default_rng([config.seed, step]), setup.models.base)
         feed.publish(step + 1, state.policy_params)
         guard_row = guard.update(step + 1, update_metrics)  # the rest waits for a logged step
         t_update = time.perf_counter() - t0
@@ -121,7 +125,7 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
           raise guards.Preempted(done, preemption.signal_name)
     # ---------------------------------------------------------------- Export
     ckpt.wait()
-    _export(as_policy(state), setup.tokenizer, paths.join(workdir, "export"))
+    _export(as_policy(state), setup.tokenizer, workdir, config.model.path or None)
   finally:
     feed.close()
     preemption.uninstall()
@@ -138,7 +142,9 @@ def _checkpoint_meta(config, plan, setup, done: int, rollout, guard) -> dict:
   return {"step": done, "data_position": rollout.position, **positions, **guard.state(),
           "fingerprint": resume.fingerprint(setup.models.policy.config, plan.value_model,
                                             plan.baselines),
-          "run": resume.run_identity(config)}
+          "run": resume.run_identity(config),
+          **({} if setup.base_fingerprint is None else
+             {"base_fingerprint": setup.base_fingerprint})}
 
 
 def _value_model(setup: setup_lib.Setup, state):
@@ -186,9 +192,14 @@ def _step_row(config, plan, setup, rollout, arrays, update_metrics, times, done:
   return row
 
 
-def _export(policy: models.Model, tokenizer, path: str) -> None:
-  """The trained policy and its tokenizer as a Hugging Face directory."""
+def _export(policy: models.Model, tokenizer, workdir: str, base_path: str | None) -> None:
+  """The trained policy and its tokenizer as a Hugging Face directory, DIR/export/ (with
+  LoRA: the adapters merged in), and with LoRA the adapters alone in PEFT's format,
+  DIR/adapter/ (for `peft.PeftModel.from_pretrained` onto `base_path`)."""
+  path = paths.join(workdir, "export")
   models.save_pretrained(policy, path)
+  if policy.config.has_lora:
+    models.save_adapter(policy, paths.join(workdir, "adapter"), base_path)
   if jax.process_index() == 0:
     with paths.local_staging(path) as local:  # transformers writes local files only
       tokenizer.save_pretrained(local)

@@ -27,8 +27,9 @@ class Programs:
   Attributes:
     prepare: (raw batch, policy, reference, value, teacher, baselines) -> (training batch,
       metrics, baselines).
-    policy_update, value_update: (state, minibatch) -> (state, metrics); value_update is
-      None without a critic.
+    policy_update: (state, minibatch, base) -> (state, metrics); `base` the frozen
+      parameters with LoRA (`setup.Models.base`), else None.
+    value_update: (state, minibatch) -> (state, metrics); None without a critic.
     take_rows: (batch, row indices) -> the minibatch of those rows.
     next_step: state -> state with the step counter advanced.
     minibatch_rows: rows per minibatch.
@@ -42,9 +43,11 @@ class Programs:
   num_minibatches: int
   num_iterations: int
 
-  def update(self, state: state_lib.TrainState, batch, perm_rng: np.random.Generator):
+  def update(self, state: state_lib.TrainState, batch, perm_rng: np.random.Generator,
+             base=None):
     """Every optimizer update of one step: `num_iterations` passes over the batch, each
-    in `num_minibatches` minibatches of shuffled rows. Returns (state, metrics per update)."""
+    in `num_minibatches` minibatches of shuffled rows (`base`: LoRA's frozen parameters).
+    Returns (state, metrics per update)."""
     rows = self.minibatch_rows * self.num_minibatches
     update_metrics = []
     for _ in range(self.num_iterations):
@@ -54,7 +57,7 @@ class Programs:
         if self.num_minibatches > 1:
           minibatch = self.take_rows(batch, order[i * self.minibatch_rows:
                                                   (i + 1) * self.minibatch_rows])
-        state, metrics = self.policy_update(state, minibatch)
+        state, metrics = self.policy_update(state, minibatch, base)
         if self.value_update is not None:
           state, value_metrics = self.value_update(state, minibatch)
           metrics = {**metrics, **value_metrics}
@@ -75,12 +78,13 @@ def compile_programs(config, plan: Plan, trained_models, optimizer, layout) -> P
                      sh.rows_sharding(minibatch_rows, mesh, rules))
   repl = sh.replicated(mesh)
   micro_rows = min(t.micro_batch_size, minibatch_rows)
-  update = lambda fn, model, **kw: jax.jit(
+  update = lambda fn, model, *frozen, **kw: jax.jit(
       functools.partial(fn, model_static=model.replace(params=None), algo=algo,
                         optimizer=optimizer, num_micro=minibatch_rows // micro_rows, **kw),
-      in_shardings=(state_shardings, minibatch), out_shardings=(state_shardings, repl),
+      in_shardings=(state_shardings, minibatch, *frozen), out_shardings=(state_shardings, repl),
       donate_argnums=(0,), compiler_options=models.COMPILER_OPTIONS)
   m = trained_models
+  shardings = lambda tree: None if tree is None else jax.tree.map(lambda x: x.sharding, tree)
   policy, reference, value, teacher = m.policy, m.reference, m.value, m.teacher
   return Programs(
       prepare=jax.jit(functools.partial(prepare.prepare_batch, plan=plan,
@@ -90,8 +94,8 @@ def compile_programs(config, plan: Plan, trained_models, optimizer, layout) -> P
                       in_shardings=(rows, placed(policy), placed(reference), placed(value),
                                     placed(teacher), repl),
                       out_shardings=(rows, repl, repl), compiler_options=models.COMPILER_OPTIONS),
-      policy_update=update(steps.policy_step, policy, temperature=s.temperature,
-                           chunk_size=t.logprob_chunk_size),
+      policy_update=update(steps.policy_step, policy, shardings(m.base),
+                           temperature=s.temperature, chunk_size=t.logprob_chunk_size),
       value_update=None if value is None else update(steps.value_step, value),
       take_rows=jax.jit(lambda batch, idx: jax.tree.map(lambda x: x[idx], batch),
                         in_shardings=(rows, repl), out_shardings=minibatch),

@@ -1,14 +1,17 @@
 """Where a run starts: fresh, or from the workdir's latest checkpoint, if that checkpoint
 belongs to this run.
 
-Two checks, both before anything is loaded or written (a refused run leaves the workdir as
-it was):
+Two checks before anything is loaded or written, one before anything is written (a refused
+run leaves the workdir as it was):
 - the state's shapes (`fingerprint`: the model's architecture and whether a critic is
   trained): a checkpoint of another shape cannot be restored at all;
 - the run's algorithm and model (`run_identity`: `config.algo` and `config.model` but for
   its speed settings): another algorithm or model on a workdir with checkpoints is refused
   unless the caller resumes with changes on purpose (`allow_changes`,
-  `jaxrl-llm-train --resume_with_changes`).
+  `jaxrl-llm-train --resume_with_changes`);
+- with LoRA, the frozen base's values (`lora.fingerprint`, recorded as
+  `base_fingerprint`): adapters trained on one base are refused on another, even one at
+  the same path (checked once the base is loaded, in `start_point`).
 """
 from __future__ import annotations
 
@@ -42,19 +45,21 @@ class Start:
 def fingerprint(model_config: ModelConfig, value_model: bool, baselines: int = 0
                 ) -> dict[str, Any]:
   """What a checkpoint's state shapes depend on; a resume must match it."""
-  out = {"model": {k: v for k, v in dataclasses.asdict(model_config).items()
-                   if k not in ("remat", "attention", "bos_token_id", "eos_token_id", "pad_token_id")},
+  skip = ("remat", "attention", "bos_token_id", "eos_token_id", "pad_token_id", "lora_dropout")
+  if not model_config.has_lora:  # absent: the checkpoints of earlier versions keep matching
+    skip += ("lora_rank", "lora_alpha", "lora_targets", "base_quant")
+  out = {"model": {k: v for k, v in dataclasses.asdict(model_config).items() if k not in skip},
          "param_layout": models.PARAM_LAYOUT, "value_model": value_model}
   if baselines:  # absent otherwise: the checkpoints of earlier versions keep matching
     out["baselines"] = baselines
-  return out
+  return json.loads(json.dumps(out))  # as the checkpoint's JSON holds it (tuples as lists)
 
 
 def run_identity(config) -> dict[str, Any]:
   """The config's algorithm and model as JSON values: what a checkpoint records of its run."""
   model = {k: v for k, v in config.model.to_dict().items() if k not in SPEED_FIELDS}
   algo = config.algo.copy_and_resolve_references().to_dict()
-  identity = {"algo": algo, "model": model}
+  identity = {"algo": algo, "model": model, "lora": config.lora.to_dict()}
   if len(config.sources):  # each source's per-row algorithm (weights and data may change)
     identity["sources"] = {name: s.algo.to_dict() for name, s in config.sources.items()}
   return json.loads(json.dumps(identity))
@@ -101,7 +106,7 @@ def check(ckpt: checkpoints.Checkpointer, config, plan: Plan, workdir: str,
   if latest is None:
     return None
   meta = ckpt.read_meta(latest)
-  wanted = fingerprint(setup_lib.model_config(config.model), plan.value_model, plan.baselines)
+  wanted = fingerprint(setup_lib.policy_config(config), plan.value_model, plan.baselines)
   if meta.get("fingerprint") != wanted:
     raise ConfigError(f"the checkpoint at step {latest} in {workdir!r} was written by an "
                       "incompatible config: "
@@ -122,6 +127,12 @@ def start_point(setup: setup_lib.Setup, ckpt: checkpoints.Checkpointer, latest: 
   """A fresh state (`setup.fresh_state`), or checkpoint `latest` restored into the layout."""
   if latest is None:
     return Start(setup_lib.fresh_state(setup, seed))
+  saved_base = ckpt.read_meta(latest).get("base_fingerprint")
+  if saved_base != setup.base_fingerprint:
+    raise ConfigError(f"the checkpoint at step {latest} trained LoRA adapters on a base whose "
+                      f"fingerprint is {saved_base}, but this run's base has "
+                      f"{setup.base_fingerprint}: expected the same base model (or a fresh "
+                      "workdir)")
   state, meta = ckpt.restore(latest, setup.layout)
   return Start(state, int(meta["step"]), int(meta["data_position"]),
                int(meta.get("skipped_steps", 0)), int(meta.get("consecutive_skips", 0)),

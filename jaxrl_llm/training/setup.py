@@ -12,11 +12,12 @@ import jax.numpy as jnp
 from jaxrl_llm import data, models
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.data import char_tokenizer
-from jaxrl_llm.models import load
+from jaxrl_llm.models import load, lora
 from jaxrl_llm.models.config import MOE_MODEL_TYPES, ModelConfig, from_hf_dict
 from jaxrl_llm.training import programs as programs_lib
 from jaxrl_llm.training import state as state_lib
 from jaxrl_llm.training.plan import Plan
+from jaxrl_llm.config.validate import lora_targets
 
 
 def model_config(m, path: str | None = None) -> ModelConfig:
@@ -35,6 +36,28 @@ def model_config(m, path: str | None = None) -> ModelConfig:
   aux = m.router_aux_loss_coef
   return cfg.replace(router_aux_loss_coef=cfg.router_aux_loss_coef if aux < 0 else aux,
                      router_z_loss_coef=m.router_z_loss_coef, moe_impl=m.moe_impl)
+
+
+def policy_config(config) -> ModelConfig:
+  """The policy's architecture (`model_config`) with `config.lora`'s adapters and base."""
+  cfg, l = model_config(config.model), config.lora
+  if l.rank == 0:
+    return cfg
+  return cfg.replace(lora_rank=int(l.rank), lora_alpha=float(l.alpha),
+                     lora_targets=lora_targets(l), lora_dropout=float(l.dropout),
+                     base_quant=l.base_quant)
+
+
+def _with_adapters(config, policy: models.Model) -> models.Model:
+  """The loaded policy with `config.lora`'s base storage and fresh adapters (or as it is)."""
+  cfg = policy_config(config)
+  if not cfg.has_lora:
+    return policy
+  if cfg.base_quant == "int8":
+    policy = models.quantize_base(policy)
+  return models.with_lora(policy, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets,
+                          jax.random.fold_in(jax.random.PRNGKey(config.seed), 1),
+                          cfg.lora_dropout)
 
 
 def _arch_config(m) -> ModelConfig:
@@ -85,6 +108,9 @@ class Models:
       on the sampler's own mesh (a copy of the initial parameters); None otherwise.
     teacher: the frozen teacher (`config.teacher.path`), sharded like the policy; None
       without one.
+    base: with LoRA (`config.lora`), the policy's frozen parameters (all but the adapters,
+      which are what the train state trains); None otherwise.
+    rollout_base: `base` on the sampler's mesh (split placement with LoRA), else None.
   """
   mesh: Any
   rules: Any
@@ -93,14 +119,39 @@ class Models:
   value: models.Model | None
   rollout_policy: models.Model | None = None
   teacher: models.Model | None = None
+  base: Any = None
+  rollout_base: Any = None
+
+  def initial_trained(self):
+    """The parameters the train state trains, as they start: the adapters with LoRA, else
+    the whole policy."""
+    return self.policy.params if self.base is None else lora.split(self.policy.params)[1]
+
+  def trained_policy(self, params) -> models.Model:
+    """The policy with the train state's `params` (the adapters beside the base with LoRA)."""
+    return self.policy.replace(params=params if self.base is None else lora.join(self.base, params))
+
+  def sampler_shardings(self):
+    """Where the sampler keeps the trained parameters (the adapters with LoRA)."""
+    where = self.policy if self.rollout_policy is None else self.rollout_policy
+    shardings = jax.tree.map(lambda x: x.sharding, where.params)
+    return shardings if self.base is None else lora.split(shardings)[1]
+
+  def on_sampler(self, params) -> models.Model:
+    """The policy the sampler runs, from trained `params` already on its devices
+    (`sampler_shardings`)."""
+    if self.rollout_policy is None:
+      return self.trained_policy(params)
+    return self.rollout_policy.replace(
+        params=params if self.rollout_base is None else lora.join(self.rollout_base, params))
 
   def sampling_policy(self, params) -> models.Model:
     """The policy with `params` where the sampler runs: on the rollout mesh (one copy
-    across meshes, `sharding.transfer`) with split placement, else as it is."""
+    across meshes, `sharding.transfer`; with LoRA the adapters alone) with split
+    placement, else as it is."""
     if self.rollout_policy is None:
-      return self.policy.replace(params=params)
-    shardings = jax.tree.map(lambda x: x.sharding, self.rollout_policy.params)
-    return self.rollout_policy.replace(params=sh.transfer(params, shardings))
+      return self.trained_policy(params)
+    return self.on_sampler(sh.transfer(params, self.sampler_shardings()))
 
 
 @dataclasses.dataclass
@@ -122,6 +173,7 @@ class Setup:
   optimizer: Any
   layout: state_lib.TrainState
   programs: programs_lib.Programs
+  base_fingerprint: str | None = None  # LoRA: `lora.fingerprint` of the frozen base
 
 
 def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
@@ -136,36 +188,46 @@ def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
   abstract_model = lambda cfg: models.Model(models.abstract_params(cfg, mesh, rules), cfg, mesh,
                                             rules)
   if abstract:
-    tokenizer, policy = None, abstract_model(model_config(config.model))
+    tokenizer, policy = None, abstract_model(policy_config(config))
   else:
     tokenizer, policy = load_tokenizer_and_policy(config, mesh, rules)
-  rollout_policy = reference = value = teacher = None
+    policy = _with_adapters(config, policy)
+  cfg = policy.config
+  # LoRA: the base is frozen; with the adapters off it is the reference (no copy).
+  base = lora.split(policy.params)[0] if cfg.has_lora else None
+  base_model = None if base is None else policy.replace(params=base, config=cfg.without_lora())
+  rollout_policy = reference = value = teacher = rollout_base = None
   if rollout_mesh is not None and not abstract:
     rollout_policy = models.place(policy, rollout_mesh, rules)
+    rollout_base = None if base is None else lora.split(rollout_policy.params)[0]
   if plan.reference:
-    reference = policy if abstract else policy.replace(params=jax.tree.map(jnp.copy, policy.params))
-  if plan.value_model:
-    value = (abstract_model(policy.config.replace(head="value")) if abstract
-             else models.value_model(policy))
+    reference = (policy if abstract else base_model if base is not None else
+                 policy.replace(params=jax.tree.map(jnp.copy, policy.params)))
+  if plan.value_model:  # a critic trains every weight: a float copy of the policy's backbone
+    value = (abstract_model(lora.merged_config(cfg).replace(head="value")) if abstract
+             else models.value_model(policy if base is None else models.merged(base_model)))
   if plan.teacher:
     teacher_cfg = model_config(config.model, config.teacher.path)
     teacher = (abstract_model(teacher_cfg) if abstract else models.place(
         models.Model(load.load_params(config.teacher.path, teacher_cfg), teacher_cfg), mesh,
         rules))
-  trained = Models(mesh, rules, policy, reference, value, rollout_policy, teacher)
+  trained = Models(mesh, rules, policy, reference, value, rollout_policy, teacher, base,
+                   rollout_base)
   # One schedule: the optimizer follows it and the `lr` metric reads it.
   schedule = state_lib.make_schedule(config.optimizer, config.train.steps * plan.updates_per_step)
   optimizer = state_lib.make_optimizer(config.optimizer, schedule)
+  abstract_policy = models.abstract_params(cfg, mesh, rules)
   layout = state_lib.abstract_state(
-      optimizer, models.abstract_params(policy.config, mesh, rules),
+      optimizer, lora.split(abstract_policy)[1] if cfg.has_lora else abstract_policy,
       None if value is None else models.abstract_params(value.config, mesh, rules),
       num_baselines=plan.baselines)
   programs = programs_lib.compile_programs(config, plan, trained, optimizer, layout)
-  return Setup(trained, tokenizer, schedule, optimizer, layout, programs)
+  fingerprint = None if base is None or abstract else lora.fingerprint(base)
+  return Setup(trained, tokenizer, schedule, optimizer, layout, programs, fingerprint)
 
 
 def fresh_state(setup: Setup, seed: int) -> state_lib.TrainState:
   """The state a run starts from: the models' initial parameters, new optimizer states."""
   value = setup.models.value
-  return state_lib.init_state(setup.optimizer, setup.models.policy.params,
+  return state_lib.init_state(setup.optimizer, setup.models.initial_trained(),
                               None if value is None else value.params, seed, setup.layout)

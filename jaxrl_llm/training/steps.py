@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_llm import models, objectives
-from jaxrl_llm.models import moe
+from jaxrl_llm.models import lora, moe
 from jaxrl_llm.training.state import TrainState
 
 
@@ -46,30 +46,33 @@ def completion_split(batch) -> tuple[int, int]:
   return batch["tokens"].shape[1] - N, N
 
 
-def _completion_hidden(model: models.Model, batch, replay: bool = False):
+def _completion_hidden(model: models.Model, batch, replay: bool = False, dropout_rng=None):
   """Final hidden states at the positions that predict each completion token: [B, N, D],
   and an MoE model's routing (`transformer.routing_summary`; None for a dense one).
-  `replay`: route as `batch['routing']` recorded (routing replay)."""
+  `replay`: route as `batch['routing']` recorded (routing replay). `dropout_rng`: the key
+  of the LoRA adapters' dropout (None: none)."""
   S0, _ = completion_split(batch)
   mask = batch["attention_mask"]
   hidden_BLD, _, routing = models.forward(
       model, batch["tokens"], models.positions_from_mask(mask), mask, return_hidden=True,
-      routing_BTLk=batch["routing"] if replay else None, with_router=True)
+      routing_BTLk=batch["routing"] if replay else None, with_router=True,
+      dropout_rng=dropout_rng)
   return hidden_BLD[:, S0 - 1:-1], routing
 
 
 def completion_logp(model: models.Model, batch, *, temperature: float, chunk_size: int,
-                    entropy_grad: bool = False, replay: bool = False, with_router: bool = False):
+                    entropy_grad: bool = False, replay: bool = False, with_router: bool = False,
+                    dropout_rng=None):
   """`log_softmax(logits / T)` of every completion token and the entropy: [B, N] each.
 
   The same quantity the sampler reports as behaviour log-prob (before top-k/top-p), in
   chunks over the sequence so [B, N, V] float32 logits never exist whole. The entropy is
   differentiated only with `entropy_grad` (an entropy bonus); otherwise it is a metric.
   An MoE model: `replay` routes as `batch['routing']` recorded; `with_router` also returns
-  the routing (third).
+  the routing (third). `dropout_rng`: the LoRA adapters' dropout key (None: no dropout).
   """
   S0, _ = completion_split(batch)
-  hidden_BND, routing = _completion_hidden(model, batch, replay)
+  hidden_BND, routing = _completion_hidden(model, batch, replay, dropout_rng)
   logp, entropy = objectives.chunked_token_logp_and_entropy(
       hidden_BND, batch["tokens"][:, S0:], functools.partial(models.unembed, model),
       chunk_size=chunk_size, temperature=temperature, entropy_grad=entropy_grad)
@@ -176,16 +179,19 @@ def accumulate(loss_fn: Callable, params, batch, num_micro: int):
 
 
 # --- the steps ---------------------------------------------------------------------------------
-ROW_WEIGHTS = ("pg", "distill")  # a mixed run's per-row coefficients: batch keys NAME_weight
+ROW_WEIGHTS = ("pg", "distill")
+DROPOUT_SALT = 0x10A4  # folded into the run's key for the LoRA adapters' dropout  # a mixed run's per-row coefficients: batch keys NAME_weight
 
 
-def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, optimizer,
-                temperature: float, chunk_size: int, num_micro: int):
+def policy_step(state: TrainState, batch, base=None, *, model_static: models.Model, algo,
+                optimizer, temperature: float, chunk_size: int, num_micro: int):
   """One optimizer update of the policy on one minibatch.
 
   Args:
     state: the train state (donated by the caller's jit).
     batch: the minibatch dict (see the module docstring).
+    base: with LoRA, the frozen base parameters (`lora.split`; the state trains the
+      adapters and no gradient reaches these); None otherwise.
     model_static: a `Model` whose config/mesh/rules describe the policy (params ignored).
     algo: `config.algo`.
     optimizer: the policy's optax transformation.
@@ -202,12 +208,16 @@ def policy_step(state: TrainState, batch, *, model_static: models.Model, algo, o
   is_moe = model_static.config.is_moe
   replay = replays_routing(model_static.config, algo)
   tokens = objectives.batch_counts(batch["loss_mask"])["tokens"]
+  dropout_rng = None  # LoRA dropout: one key per step (and update: the minibatch's rows differ)
+  if model_static.config.lora_dropout > 0:
+    dropout_rng = jax.random.fold_in(jax.random.fold_in(state.rng, DROPOUT_SALT), state.step)
 
   def loss_fn(params, piece):
-    model = model_static.replace(params=params)
+    model = model_static.replace(params=params if base is None else lora.join(base, params))
     logp, entropy, routing = completion_logp(
         model, piece, temperature=temperature, chunk_size=chunk_size,
-        entropy_grad=algo.loss.entropy_coef != 0, replay=replay, with_router=True)
+        entropy_grad=algo.loss.entropy_coef != 0, replay=replay, with_router=True,
+        dropout_rng=dropout_rng)
     old_logp = piece.get("old_logp", jax.lax.stop_gradient(logp))  # absent: see loop._prepare
     loss, metrics = objectives.policy_loss(
         logp, old_logp, piece["advantages"], piece["loss_mask"], algo,
