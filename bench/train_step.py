@@ -167,7 +167,7 @@ def policy_step_memory(config, run: bool) -> dict:
   minibatch = {k: jax.ShapeDtypeStruct((programs.minibatch_rows,) + x.shape[1:], x.dtype,
                                        sharding=rows) for k, x in batch.items()}
   t = time.perf_counter()
-  compiled = programs.policy_update.lower(state, minibatch).compile()
+  compiled = programs.policy_update.lower(state, minibatch, m.base).compile()
   compile_s = time.perf_counter() - t
   analysis = compiled.memory_analysis()
   micro = min(config.train.micro_batch_size, programs.minibatch_rows)
@@ -175,7 +175,7 @@ def policy_step_memory(config, run: bool) -> dict:
   if run:
     zeros = {k: jax.device_put(jnp.zeros(x.shape, x.dtype), rows) for k, x in minibatch.items()}
     t = time.perf_counter()
-    jax.block_until_ready(compiled(state, zeros))
+    jax.block_until_ready(compiled(state, zeros, m.base))
     ran = time.perf_counter() - t
   state_bytes = per_device_bytes(setup.layout)
   from jaxrl_llm.models import kv_cache
@@ -183,7 +183,9 @@ def policy_step_memory(config, run: bool) -> dict:
   cache_shardings = kv_cache.cache_shardings(cfg, B, N, m.mesh, m.rules)
   cache = per_device_bytes({k: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype, sharding=cache_shardings[k])
                             for k, shape in kv_cache.shapes(cfg, B, N).items()})
-  reference = 0 if m.reference is None else per_device_bytes(m.reference.params)
+  # With LoRA the reference is the frozen base, an argument of the update already.
+  reference = (0 if m.reference is None or m.base is not None
+               else per_device_bytes(m.reference.params))
   # Live at the update's peak: its arguments (the donated state, the minibatch), outputs not
   # aliased to an argument, its temporaries, and beside it the frozen reference and the KV
   # buffers the sampler keeps between steps (one slot per new token of every row).

@@ -119,6 +119,10 @@ def sampling_config() -> ConfigDict:
       "engine": "auto",  # auto | static | continuous: README, "Sampling engines"
       "slots": 0,  # continuous engine: decode slots (0 = half of the completions)
       "page_size": 32,  # continuous engine: tokens per KV page
+      # LoRA (config.lora): merged (into the kernels, once per call; an int8 base becomes
+      # compute-dtype weights while sampling) | applied (beside the kernels at every step;
+      # the base stays as stored). bench/lora.py has both
+      "adapters": "merged",
   })
 
 

@@ -211,7 +211,8 @@ def _check_sampling(s) -> None:
   try:  # the settings check their own values (also for `sampling.generate`'s callers)
     sampling.SamplingSettings(s.num_samples, s.max_new_tokens, s.temperature, s.top_k, s.top_p,
                               layer_loop=s.layer_loop, weight_layout=s.weight_layout,
-                              engine=s.engine, slots=s.slots, page_size=s.page_size)
+                              engine=s.engine, slots=s.slots, page_size=s.page_size,
+                              adapters=s.adapters)
   except ValueError as e:
     raise ConfigError(f"config.sampling.{e}") from e
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import models, platform
-from jaxrl_llm.models import kv_cache, load, transformer
+from jaxrl_llm.models import kv_cache, load, lora, transformer
 from jaxrl_llm.sampling.settings import SamplingSettings
 
 
@@ -132,10 +132,14 @@ def forward(model: models.Model, tokens_BT, positions_BT, kv_mask_BS, cache, cac
 
 # --- the parts of a sampling program -----------------------------------------------------------
 def decode_model(model: models.Model, s: SamplingSettings, unrolled: bool):
-  """The model as the decode loop reads it, made once per call, not once per token: the
-  weights in the compute dtype, in the decode layout (`SamplingSettings.weight_layout`: no
+  """The model as the decode loop reads it, made once per call, not once per token: LoRA
+  adapters merged into their kernels (`SamplingSettings.adapters`), the weights in the
+  compute dtype, in the decode layout (`SamplingSettings.weight_layout`: no
   all-gather inside the loop), unstacked if unrolled. Returns (model, tuning)."""
   dt = model.config.jnp_dtype
+  if s.adapters == "merged" and model.config.has_lora:  # LoRA: added into the kernels, once
+    model = model.replace(params=lora.merge(model.params, model.config, dt),
+                          config=lora.merged_config(model.config))
   params = jax.tree.map(lambda p: p.astype(dt) if jnp.issubdtype(p.dtype, jnp.floating) else p,
                         model.params)
   decode_shardings = decode_weight_shardings(model, s.weight_layout)

@@ -10,6 +10,7 @@ ENGINES = ("auto", "static", "continuous")
 # static batch's simpler step is faster on every length distribution measured (README,
 # "Sampling engines").
 CONTINUOUS_FROM_NEW_TOKENS = 256
+ADAPTER_MODES = ("merged", "applied")  # how LoRA adapters decode (`SamplingSettings.adapters`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,11 @@ class SamplingSettings:
   `CONTINUOUS_FROM_NEW_TOKENS` new tokens, static below. `slots` 0: half of the
   requests (at least one); on a data-parallel mesh the slots are split over the data
   shards' engines (`continuous.engine_slots`).
+
+  `adapters`: how a policy with LoRA adapters decodes. 'merged' adds them into the kernels
+  once per call, before the decode loop (an int8 base is dequantized then: the merged
+  weights are in the compute dtype); 'applied' keeps the base as it is stored and runs
+  every adapter beside its kernel at every step. bench/lora.py measures both.
   """
   num_samples: int
   max_new_tokens: int
@@ -48,6 +54,7 @@ class SamplingSettings:
   engine: str = "auto"
   slots: int = 0
   page_size: int = 32
+  adapters: str = "merged"
 
   def __post_init__(self):
     if self.num_samples < 1:
@@ -69,6 +76,8 @@ class SamplingSettings:
       raise ValueError(f"engine={self.engine!r}: expected one of {list(ENGINES)}")
     if self.slots < 0:
       raise ValueError(f"slots={self.slots}: expected >= 0 (0 = half of the requests)")
+    if self.adapters not in ADAPTER_MODES:
+      raise ValueError(f"adapters={self.adapters!r}: expected one of {list(ADAPTER_MODES)}")
     if self.page_size < 1:
       raise ValueError(f"page_size={self.page_size}: expected >= 1")
 

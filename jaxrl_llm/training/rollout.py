@@ -98,7 +98,7 @@ def pad_id(tokenizer) -> int:
 def sampling_settings(s, eos, pad, greedy: bool = False) -> sampling.SamplingSettings:
   """The sampler's settings from `config.sampling` (`s`; greedy: one temperature-0 sample)."""
   engine = dict(layer_loop=s.layer_loop, weight_layout=s.weight_layout, engine=s.engine,
-                slots=s.slots, page_size=s.page_size)
+                slots=s.slots, page_size=s.page_size, adapters=s.adapters)
   if greedy:
     return sampling.SamplingSettings(1, s.max_new_tokens, 0.0, 0, 1.0, eos, pad, **engine)
   return sampling.SamplingSettings(s.num_samples, s.max_new_tokens, s.temperature, s.top_k,
