@@ -85,6 +85,22 @@ class GcsWorkdirTest(absltest.TestCase):
     shutil.rmtree(cls.tmp, ignore_errors=True)
     super().tearDownClass()
 
+  def test_a_lora_run_writes_its_adapter_and_export_to_gcs(self):
+    workdir = paths.join(self.bucket, "lora")
+    log = os.path.join(self.tmp, "lora.log")
+    lora_flags = tuple(f for f in flags(paths.join(self.bucket, "model"),
+                                        paths.join(self.bucket, "data", "train.jsonl"))
+                       if not f.startswith("--config.train.steps=")) + (
+        "--config.train.steps=2", "--config.lora.rank=4", "--config.lora.base_quant=int8")
+    rc, text = finish(start(workdir, log, lora_flags), log)
+    self.assertEqual(rc, 0, text[-3000:])
+    gcs_emulator.fresh_listings()
+    self.assertEqual(sorted(paths.listdir(paths.join(workdir, "adapter"))),
+                     ["adapter_config.json", "adapter_model.safetensors"])
+    config = json.loads(paths.read_text(paths.join(workdir, "adapter", "adapter_config.json")))
+    self.assertEqual(config["base_model_name_or_path"], paths.join(self.bucket, "model"))
+    self.assertTrue(paths.exists(paths.join(workdir, "export", "model.safetensors")))
+
   def test_killed_and_resumed_on_gcs_matches_a_local_run(self):
     # The uninterrupted reference, all local, alongside ...
     reference = os.path.join(self.tmp, "reference")
