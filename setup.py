@@ -35,6 +35,7 @@ setuptools.setup(
     extras_require={
         # torch is pinned: 2.13.0 is a CPU wheel on our CI machines; parity tests only.
         # pytest-xdist: `make test` runs the suite in two worker processes (one per core).
+        # peft: the LoRA exports are loaded with PEFT in tests/models/lora_test.py.
         "test": ["pytest", "pytest-xdist", "torch==2.13.0", "peft", "tensorflow-datasets", "importlib_resources",
                  "matplotlib",
                  # tests/colabs_test.py runs colabs/; ipywidgets: tqdm's notebook bar, as in Colab

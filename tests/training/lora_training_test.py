@@ -130,6 +130,24 @@ class LoraTrainingTest(absltest.TestCase):
     self.assertTrue(os.path.exists(os.path.join(workdir, "adapter", lora.PEFT_CONFIG_FILE)))
 
 
+class LoraConfigTest(absltest.TestCase):
+
+  def test_bad_values_name_the_field(self):
+    from jaxrl_llm import config as config_lib
+    cases = [({"rank": -1}, "config.lora.rank=-1"),
+             ({"rank": 4, "targets": "q_proj"}, "config.lora.targets='q_proj'"),
+             ({"rank": 4, "alpha": 0.0}, "config.lora.alpha=0.0"),
+             ({"rank": 4, "dropout": 1.0}, "config.lora.dropout=1.0"),
+             ({"rank": 4, "base_quant": "nf4"}, "config.lora.base_quant='nf4'"),
+             ({"base_quant": "int8"}, "config.lora.base_quant='int8'")]
+    for changes, message in cases:
+      config = _arithmetic_lora(2)
+      config.lora.rank = 0
+      config.lora.update(changes)
+      with self.assertRaisesRegex(config_lib.ConfigError, message.replace("(", r"\(")):
+        config_lib.validate(config)
+
+
 class PolicyConfigTest(absltest.TestCase):
 
   def test_config_lora_reaches_the_model_config(self):

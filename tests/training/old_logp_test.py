@@ -43,6 +43,12 @@ class OldLogpTest(parameterized.TestCase):
     sampled = self._first_pass(_gspo_bf16("sampler"))
     self.assertGreater(max(sampled["ratio_max"] - 1, 1 - sampled["ratio_min"]), 1e-4)
 
+  def test_bf16_first_pass_ratio_is_one_with_lora_on_an_int8_base(self):
+    config = _gspo_bf16()
+    config.lora.rank, config.lora.base_quant, config.lora.alpha = 8, "int8", 16.0
+    row = self._first_pass(config)
+    self.assertEqual((row["ratio_min"], row["ratio_max"]), (1.0, 1.0))
+
   @parameterized.parameters(
       ("auto", "bfloat16", "sequence", "recompute"), ("auto", "float16", "token", "recompute"),
       ("auto", "float32", "sequence", "sampler"), ("auto", "bfloat16", "none", "sampler"),
