@@ -3,8 +3,8 @@
 Each kernel of `Linear` (q/k/v, o, gate/up, down; [in..., out...]) is stored as int8
 values and one float32 scale per output channel (the absolute maximum over the input dims,
 over 127), symmetric, round to nearest. A forward dequantizes in the compute dtype
-(`dequantize`): int8 * scale, then the matmul, as bitsandbytes' LLM.int8 storage computes
-its bf16 matmuls. Embeddings, norms, the lm head and an MoE layer's router and experts stay
+(`dequantize`): int8 * scale, then the matmul (weight-only quantization: the matmul runs
+in the compute dtype, the int8 halves what bf16 storage holds). Embeddings, norms, the lm head and an MoE layer's router and experts stay
 as they are (QLoRA keeps embeddings and the head in 16 bits too).
 
 `ModelConfig.base_quant = 'int8'` makes `Linear` declare the int8 `kernel` and its

@@ -201,7 +201,7 @@ def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
     rollout_policy = models.place(policy, rollout_mesh, rules)
     rollout_base = None if base is None else lora.split(rollout_policy.params)[0]
   if plan.reference:
-    reference = (policy if abstract else base_model if base is not None else
+    reference = (base_model if base is not None else policy if abstract else
                  policy.replace(params=jax.tree.map(jnp.copy, policy.params)))
   if plan.value_model:  # a critic trains every weight: a float copy of the policy's backbone
     value = (abstract_model(lora.merged_config(cfg).replace(head="value")) if abstract
