@@ -57,8 +57,8 @@ class ShardingTest(absltest.TestCase):
       np.testing.assert_array_equal(np.asarray(x), np.asarray(batch[name])[idx], err_msg=name)
     # The compiled update takes the minibatch as it lies, and the parameters as placed.
     state = setup_lib.fresh_state(setup, config.seed)
-    compiled = programs.policy_update.lower(state, minibatch).compile()
-    state_in, batch_in = compiled.input_shardings[0]
+    compiled = programs.policy_update.lower(state, minibatch, m.base).compile()  # no LoRA: None
+    state_in, batch_in, _ = compiled.input_shardings[0]
     for name, sharding in batch_in.items():
       self.assertTrue(sharding.is_equivalent_to(NamedSharding(m.mesh, ROWS), 2), name)
     qkv_in = state_in.policy_params["layers"]["attn"]["qkv_proj"]["kernel"]

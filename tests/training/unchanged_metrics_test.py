@@ -16,10 +16,14 @@ of that day) logged other PPO numbers than the file: the same kind of flip (valu
 numbers again (0.023), with the code of that morning and of the night before alike: PPO's
 first-step ratios are 1 within rounding (3e-4), so its trajectory follows how a machine's
 XLA rounds. Both kinds of machine's PPO numbers are kept (`metrics_recorded.json` and
-`metrics_recorded_other_machine.json`), and a run must match one of them (1e-5).
+`metrics_recorded_other_machine.json`), and a run must match one of them (1e-5). On
+2026-12-02 (18:55 UTC) a third machine logged a third PPO trajectory (grad_norm 0.0326 for
+0.0339 at step 2) with the code of 0bfa613 as with that of #24 (LoRA) alike: kept as
+`metrics_recorded_other_machine_2.json`.
 `python -m tests.training.record_metrics` records them again after a deliberate change
-(then delete `metrics_recorded_other_machine.json`, which it cannot record).
+(then delete the `metrics_recorded_other_machine*.json` files, which it cannot record).
 """
+import glob
 import importlib
 import json
 import os
@@ -33,8 +37,9 @@ from jaxrl_llm import training
 from tests.training.run_logs import TIMING, read_jsonl
 
 RECORDED = os.path.join(os.path.dirname(__file__), "metrics_recorded.json")
-# The same cases as logged on another kind of machine, where they differ (PPO).
-RECORDED_ELSEWHERE = os.path.join(os.path.dirname(__file__), "metrics_recorded_other_machine.json")
+# The same cases as logged on other kinds of machine, where they differ (PPO): one file each.
+RECORDED_ELSEWHERE = sorted(glob.glob(os.path.join(os.path.dirname(__file__),
+                                                   "metrics_recorded_other_machine*.json")))
 # name -> (preset, overrides of its `runlocal` variant): a critic, minibatches, SFT, dynamic
 # sampling, evaluation, bf16 (recomputed old log-probs).
 CASES = {
@@ -73,7 +78,7 @@ class UnchangedMetricsTest(parameterized.TestCase):
   def test_metrics_as_recorded(self, name):
     rows = run_case(name, self.create_tempdir().full_path)
     recordings = []
-    for path in (RECORDED, RECORDED_ELSEWHERE):
+    for path in (RECORDED, *RECORDED_ELSEWHERE):
       if os.path.exists(path):
         with open(path) as f:
           recordings += [r[name] for r in [json.load(f)] if name in r]
