@@ -5,6 +5,8 @@ from jaxrl_llm import models
 model = models.from_pretrained(path, dtype="float32")            # HF-format local directory
 logits = models.compute_logits(model, input_ids, attention_mask)  # int [B, T] -> float32 [B, T, V]
 models.save_pretrained(model, path)                               # transformers can load it
+policy = models.with_lora(model, 16, 32, ("qkv_proj", "o_proj"), rng)  # LoRA adapters (`lora`)
+models.save_adapter(policy, adapter_dir, path)                    # PEFT's format
 ```
 
 A `Model` is a pytree: its parameters are the leaves, its `ModelConfig` (and the mesh and

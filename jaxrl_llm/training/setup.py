@@ -11,13 +11,13 @@ import jax.numpy as jnp
 
 from jaxrl_llm import data, models
 from jaxrl_llm import sharding as sh
+from jaxrl_llm.config.validate import lora_targets
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.models import load, lora
 from jaxrl_llm.models.config import MOE_MODEL_TYPES, ModelConfig, from_hf_dict
 from jaxrl_llm.training import programs as programs_lib
 from jaxrl_llm.training import state as state_lib
 from jaxrl_llm.training.plan import Plan
-from jaxrl_llm.config.validate import lora_targets
 
 
 def model_config(m, path: str | None = None) -> ModelConfig:
