@@ -6,8 +6,8 @@
 memory: XLA's `memory_analysis()` of the compiled policy update (compiled against shapes
 only, as `bench/train_step.py --memory_only`) of the Qwen3-0.6B shape (28 layers, hidden
 1024, vocab 151,936, tied; bf16 compute, float32 parameters; 32 prompts x G 8, rows of
-256 prompt + 128 new tokens, micro-batch 8), full fine-tuning against LoRA rank 16 on every projection, with a
-float32 and an int8 base. "Frozen" is what the update reads but never changes: the
+256 prompt + 128 new tokens, micro-batch 8), full fine-tuning against LoRA rank 16 on every
+projection, with a float32 and an int8 base. "Frozen" is what the update reads but never changes: the
 reference for full fine-tuning, the base for LoRA (which is its reference too).
 
 bytes: the layers' projection kernels of the same shape in bf16 against int8 plus scales.
@@ -43,7 +43,9 @@ def memory():
       group, field = key.split(".")
       config[group][field] = value
     p = train_step.policy_step_memory(config, run=False)
-    frozen = p["reference_bytes"] + p["argument_bytes"] - p["state_bytes"]  # base: an argument
+    # LoRA's base is an argument of the update (the rest of the arguments beside the state
+    # is the minibatch, a few MiB); full fine-tuning's reference is not.
+    frozen = p["reference_bytes"] + p["argument_bytes"] - p["state_bytes"]
     rows.append((name, p["state_bytes"], p["temp_bytes"], frozen))
   gib = lambda b: f"{b / 2**30:.2f}"
   print("\n| 0.6B-shape policy update, GiB | train state | temporaries | state + temporaries "

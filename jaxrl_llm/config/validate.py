@@ -304,6 +304,11 @@ def _check_model(m) -> None:
                       "or set config.model.tokenizer_path")
 
 
+def _policy_model_type(m) -> str | None:
+  """The policy's model_type: its checkpoint's config.json's, or `config.model.arch`'s."""
+  return model_load.read_config(m.path).get("model_type") if m.path else m.arch.model_type
+
+
 def lora_targets(lora) -> tuple[str, ...]:
   """`config.lora.targets` as projection names ('all': every one)."""
   if lora.targets.strip() == "all":
@@ -330,8 +335,7 @@ def _check_lora(config) -> None:
   if not 0 <= lora.dropout < 1:
     _fail("lora.dropout", lora.dropout, "a probability in [0, 1)")
   _one_of("lora.base_quant", lora.base_quant, model_config.BASE_QUANTS)
-  m = config.model
-  model_type = model_load.read_config(m.path).get("model_type") if m.path else m.arch.model_type
+  model_type = _policy_model_type(config.model)
   mlp = sorted({"gate_up_proj", "down_proj"} & set(targets))
   if mlp and model_type in model_config.MOE_MODEL_TYPES:
     _fail("lora.targets", lora.targets, f"attention targets only (qkv_proj, o_proj): the "
@@ -365,9 +369,7 @@ def _check_routing_replay(config) -> None:
   """Routing replay needs an MoE policy and a sampler that records its experts."""
   if config.algo.routing_replay != "rollout":
     return
-  m = config.model
-  model_type = (model_load.read_config(m.path).get("model_type") if m.path
-                else m.arch.model_type)
+  model_type = _policy_model_type(config.model)
   if model_type not in model_config.MOE_MODEL_TYPES:
     _fail("algo.routing_replay", "rollout", f"'off': the policy (model_type={model_type!r}) is "
           f"not a mixture of experts (one of {list(model_config.MOE_MODEL_TYPES)})")

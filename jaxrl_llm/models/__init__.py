@@ -212,10 +212,8 @@ def save_adapter(model: Model, path: str, base_model_name_or_path: str | None) -
   if jax.process_index() != 0:
     return
   paths.makedirs(path)
-  tmp = paths.temp_file_for(paths.join(path, lora.PEFT_WEIGHTS_FILE))
-  safetensors.numpy.save_file(dict(lora.peft_tensors(adapters, model.config)), tmp,
-                              metadata={"format": "pt"})
-  paths.replace(tmp, paths.join(path, lora.PEFT_WEIGHTS_FILE))
+  paths.write_atomic(paths.join(path, lora.PEFT_WEIGHTS_FILE), safetensors.numpy.save(
+      dict(lora.peft_tensors(adapters, model.config)), metadata={"format": "pt"}))
   paths.write_atomic(paths.join(path, lora.PEFT_CONFIG_FILE), json.dumps(
       lora.adapter_config(model.config, base_model_name_or_path), indent=2))
 

@@ -4,8 +4,9 @@ Each kernel of `Linear` (q/k/v, o, gate/up, down; [in..., out...]) is stored as 
 values and one float32 scale per output channel (the absolute maximum over the input dims,
 over 127), symmetric, round to nearest. A forward dequantizes in the compute dtype
 (`dequantize`): int8 * scale, then the matmul (weight-only quantization: the matmul runs
-in the compute dtype, the int8 halves what bf16 storage holds). Embeddings, norms, the lm head and an MoE layer's router and experts stay
-as they are (QLoRA keeps embeddings and the head in 16 bits too).
+in the compute dtype, the int8 halves what bf16 storage holds). Embeddings, norms, the lm
+head and an MoE layer's router and experts stay as they are (QLoRA keeps embeddings and
+the head in 16 bits too).
 
 `ModelConfig.base_quant = 'int8'` makes `Linear` declare the int8 `kernel` and its
 `kernel_scale`; `quantize_params` turns a float tree into that layout.
@@ -54,8 +55,7 @@ def quantize_params(params: dict[str, Any], layer_stacks: tuple[str, ...]) -> di
   (jitted: on device, in the kernels' shardings); everything else is kept."""
   def walk(node, path):
     if _is_projection(path, node) and path[0] in layer_stacks:
-      kernel = node["kernel"]
-      values, scale = _quantize_stacked(kernel, NUM_INPUTS[path[-1]])
+      values, scale = _quantize_layers(node["kernel"], NUM_INPUTS[path[-1]])
       return dict(node, kernel=values, **{SCALE: scale})
     if isinstance(node, dict):
       return {k: walk(v, path + (k,)) for k, v in node.items()}
@@ -63,10 +63,9 @@ def quantize_params(params: dict[str, Any], layer_stacks: tuple[str, ...]) -> di
   return walk(params, ())
 
 
-def _quantize_stacked(kernel, num_in: int):
-  if isinstance(kernel, np.ndarray):
-    kernel = jnp.asarray(kernel)
-  return jax.jit(quantize, static_argnums=(1, 2))(kernel, num_in, 1)
+# A stacked kernel [L, in..., out...], on the devices it lies on.
+_quantize_layers = jax.jit(lambda kernel, num_in: quantize(kernel, num_in, lead=1),
+                           static_argnums=(1,))
 
 
 def quantized_bytes(params) -> dict[str, int]:

@@ -123,9 +123,7 @@ class Linear(nn.Module):
   quantized: bool = False
 
   def setup(self):  # not compact: a parent may read `kernel` and `bias` without calling
-    x_letters, rest = self.eqn.split(",")
-    k_letters = rest.split("->")[0]
-    n_in = sum(c in x_letters for c in k_letters)
+    n_in = len(_eqn_parts(self.eqn)[1])
     in_shape, out_shape = self.kernel_shape[:n_in], self.kernel_shape[n_in:]
     in_axes, out_axes = self.kernel_axes[:n_in], self.kernel_axes[n_in:]
     if self.quantized:
@@ -165,17 +163,24 @@ class Linear(nn.Module):
 
   def _adapter(self, x):
     """scale * (dropout(x) @ lora_a) @ lora_b, in the compute dtype."""
-    x_letters, rest = self.eqn.split(",")
-    k_letters, y_letters = rest.split("->")
-    k_in = "".join(c for c in k_letters if c in x_letters)
-    rows = "".join(c for c in x_letters if c not in k_letters)
+    x_letters, k_in, k_out, y_letters = _eqn_parts(self.eqn)
+    rows = "".join(c for c in x_letters if c not in k_in)
     dt = self.dtype
     if self.lora_dropout > 0 and self.has_rng("dropout"):
       keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - self.lora_dropout, x.shape)
       x = jnp.where(keep, x / (1.0 - self.lora_dropout), 0).astype(x.dtype)
     h = jnp.einsum(f"{x_letters},{k_in}r->{rows}r", x.astype(dt), self.lora_a.astype(dt))
     h = h * jnp.asarray(self.lora[1], dt)
-    return jnp.einsum(f"{rows}r,r{k_letters[len(k_in):]}->{y_letters}", h, self.lora_b.astype(dt))
+    return jnp.einsum(f"{rows}r,r{k_out}->{y_letters}", h, self.lora_b.astype(dt))
+
+
+def _eqn_parts(eqn: str) -> tuple[str, str, str, str]:
+  """`Linear`'s 'x,kernel->y' -> (x's letters, the kernel's input letters (its leading,
+  contracted ones), its output letters, y's letters)."""
+  x_letters, rest = eqn.split(",")
+  k_letters, y_letters = rest.split("->")
+  n_in = sum(c in x_letters for c in k_letters)
+  return x_letters, k_letters[:n_in], k_letters[n_in:], y_letters
 
 
 def _symmetric_uniform(bound: float):
