@@ -17,8 +17,12 @@ def device(mesh=None) -> jax.Device:
 
 def of(mesh=None) -> str:
   """'cpu', 'gpu' or 'tpu': where the arrays of `mesh` (or the default devices) live."""
-  name = device(mesh).platform
-  return "gpu" if name in ("gpu", "cuda", "rocm") else name
+  return device_platform(device(mesh))
+
+
+def device_platform(dev: jax.Device) -> str:
+  """'cpu', 'gpu' or 'tpu': what kind of device `dev` is."""
+  return "gpu" if dev.platform in ("gpu", "cuda", "rocm") else dev.platform
 
 
 def compute_capability(mesh=None) -> tuple[int, int] | None:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxrl_llm import distributed, models
+from jaxrl_llm import distributed, models, platform
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models import kv_cache
 from jaxrl_llm.sampling import choose, continuous, decode
@@ -122,8 +122,7 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, budget_B, ke
   if cfg.is_moe:
     out = out.replace(routing=jnp.concatenate(
         [jnp.repeat(prompt_routing[0], G, axis=0), st.routing_BNLk], axis=1))
-  prefix_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(prompt_cache))
-  return out, kv_cache.own_part(st.cache), {"steps": st.t, "prefix_bytes": prefix_bytes}
+  return out, kv_cache.own_part(st.cache), {"steps": st.t}
 
 
 class Sampler:
@@ -132,15 +131,21 @@ class Sampler:
   def __init__(self, settings: SamplingSettings, buckets: Sequence[int] = DEFAULT_BUCKETS):
     self.settings = settings
     self.buckets = tuple(sorted(buckets))
-    self.engine = settings.resolved_engine()
-    program = _sample_program if self.engine == "static" else continuous.continuous_program
 
     def placed(model, *args):
+      static = self.engine(model) == "static"
+      program = _sample_program if static else continuous.continuous_program
       out, cache, stats = program(model, *args, s=settings)
       return output.by_rows(out, model), cache, stats
     self._program = jax.jit(placed, donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
     self._cache = None
+    self._prefix_bytes = 0  # the static engine's prompt cache of the last call (a temporary)
     self.stats = {}
+
+  def engine(self, model: models.Model) -> str:
+    """'static' or 'continuous': the engine that samples `model` (`settings.engine`, 'auto'
+    decided for where the model lives)."""
+    return self.settings.resolved_engine(platform.of(model.mesh))
 
   def num_compilations(self) -> int:
     return self._program._cache_size()
@@ -177,11 +182,60 @@ class Sampler:
     if self._cache is None:
       return 0
     kept = sum(x.nbytes for x in jax.tree.leaves(self._cache))
-    return kept + int(self.stats.get("prefix_bytes", 0))
+    return kept + self._prefix_bytes
 
   def lower(self, model: models.Model, prompts: Sequence[Sequence[int]], seed=0):
     """The sampling program for these arguments, lowered (`.compile().as_text()` shows it)."""
     return self._program.lower(*self._arguments(model, prompts, seed, None))
+
+  def lower_shapes(self, model: models.Model, num_prompts: int, prompt_len: int):
+    """The program for `num_prompts` prompts (every process's) padded to `prompt_len`'s
+    bucket, lowered from shapes alone: nothing is allocated, so `model` may hold
+    `jax.ShapeDtypeStruct`s and live on devices this host does not have (`launch.compile`
+    compiles it for a TPU slice)."""
+    length = self._padded_length(model, prompt_len)
+    want, unrolled, shards = self._cache_layout(model, num_prompts, length)
+    stacked = want[0] if unrolled else want
+    if unrolled:
+      stacked = {k: (model.config.num_layers,) + v for k, v in stacked.items()}
+    as_structs = lambda shapes: {k: jax.ShapeDtypeStruct(v, model.config.jnp_dtype)
+                                 for k, v in shapes.items()}
+    cache = tuple(map(as_structs, want)) if unrolled else as_structs(want)
+    if model.mesh is not None:
+      cache = jax.tree.map(lambda x, where: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where),
+                           cache, _cache_shardings(model, stacked, unrolled, shards))
+    rows = num_prompts * self.settings.num_samples
+    placed = lambda shape, names: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=None if (
+        model.mesh is None) else sh.named_sharding(names, shape, model.mesh, model.rules))
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    if model.mesh is not None:
+      key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sh.replicated(model.mesh))
+    return self._program.lower(model, cache, placed((num_prompts, length), (sh.BATCH, sh.SEQ)),
+                               placed((num_prompts, length), (sh.BATCH, sh.SEQ)),
+                               placed((rows,), (sh.BATCH,)), key)
+
+  def _padded_length(self, model: models.Model, longest: int) -> int:
+    """The prompt length a call pads to: the bucket of its longest prompt (the continuous
+    engine: in whole pages)."""
+    length = bucket_length(longest, self.buckets)
+    if self.engine(model) == "continuous":
+      length = -(-length // self.settings.page_size) * self.settings.page_size
+    return length
+
+  def _cache_layout(self, model: models.Model, num_prompts: int, length: int):
+    """(the kept KV buffers' shapes for `num_prompts` prompts of `length` slots, whether the
+    layers run unrolled, the continuous engine's data shards)."""
+    s = self.settings
+    unrolled, shards = decode.unrolls_layers(s, model), 1
+    if self.engine(model) == "static":
+      want = kv_cache.shapes(model.config, num_prompts * s.num_samples, s.max_new_tokens)
+    else:
+      shards = continuous.batch_shards(model, num_prompts)[1]
+      want = kv_cache.page_shapes(model.config, continuous.pool_pages(num_prompts, length, s,
+                                                                      shards), s.page_size)
+    if unrolled:
+      want = tuple({k: v[1:] for k, v in want.items()} for _ in range(model.config.num_layers))
+    return want, unrolled, shards
 
   def _arguments(self, model, prompts, seed, budgets):
     """Checks the prompts; returns the program's (model, cache, tokens, mask, budgets, key)."""
@@ -195,26 +249,17 @@ class Sampler:
                        "(models.from_pretrained/init with mesh=...)")
     s = self.settings
     # Every process pads to the same bucket: the longest prompt of any process decides.
-    longest = distributed.max_int(max(len(p) for p in prompts))
-    length = bucket_length(longest, self.buckets)
-    if self.engine == "continuous":  # whole pages
-      length = -(-length // s.page_size) * s.page_size
+    length = self._padded_length(model, distributed.max_int(max(len(p) for p in prompts)))
     tokens, mask = left_pad(prompts, length, s.pad_id)
     if tokens.max() >= model.config.vocab_size or tokens.min() < 0:
       raise ValueError(f"prompt token ids must lie in [0, {model.config.vocab_size}); got "
                        f"[{tokens.min()}, {tokens.max()}]")
     P = len(prompts) * jax.process_count()
-    B, N = P * s.num_samples, s.max_new_tokens
-    unrolled = decode.unrolls_layers(s, model)
-    shards = 1
-    if self.engine == "static":
-      want = kv_cache.shapes(model.config, B, N)
-    else:
-      shards = continuous.batch_shards(model, P)[1]
-      want = kv_cache.page_shapes(model.config, continuous.pool_pages(P, length, s, shards),
-                                  s.page_size)
-    if unrolled:
-      want = tuple({k: v[1:] for k, v in want.items()} for _ in range(model.config.num_layers))
+    N = s.max_new_tokens
+    want, unrolled, shards = self._cache_layout(model, P, length)
+    self._prefix_bytes = 0 if self.engine(model) != "static" else sum(  # the prompts' shared cache
+        int(np.prod(shape)) * jnp.dtype(model.config.jnp_dtype).itemsize
+        for shape in kv_cache.shapes(model.config, P, length).values())
     if self._cache is None or jax.tree.map(lambda x: x.shape, self._cache) != want:
       self._cache = None  # freed before the new buffers are made
       self._cache = self._new_cache(model, want, unrolled, shards)

@@ -6,10 +6,14 @@ import dataclasses
 LAYER_LOOPS = ("auto", "scan", "unrolled")
 WEIGHT_LAYOUTS = ("tensor", "replicated", "training")
 ENGINES = ("auto", "static", "continuous")
-# 'auto' runs the continuous engine from this many new tokens per completion: below it, the
-# static batch's simpler step is faster on every length distribution measured (README,
-# "Sampling engines").
-CONTINUOUS_FROM_NEW_TOKENS = 256
+# 'auto' runs the continuous engine from this many new tokens per completion, by platform
+# (None: never). On a CPU or GPU, below it the static batch's simpler step is faster on every
+# length distribution measured (README, "Sampling engines"). On a TPU, XLA:TPU's own figures
+# for the Qwen3-1.7B recipe's sampler (512 new tokens, v5e-8) give the static engine a
+# roofline 10x shorter and half the memory: the continuous engine gathers every slot's pages
+# into a copy each step, and with tensor parallelism one engine keeps the whole page pool on
+# every chip (README, "Compiled for TPU").
+CONTINUOUS_FROM_NEW_TOKENS = {"cpu": 256, "gpu": 256, "tpu": None}
 ADAPTER_MODES = ("merged", "applied")  # how LoRA adapters decode (`SamplingSettings.adapters`)
 
 
@@ -33,7 +37,7 @@ class SamplingSettings:
   `engine`: 'static' decodes all B = P*G rows together until the last one ends;
   'continuous' (`continuous`) decodes in `slots` decode slots over a paged KV cache of
   `page_size`-token pages, a freed slot taking the next request. 'auto': continuous from
-  `CONTINUOUS_FROM_NEW_TOKENS` new tokens, static below. `slots` 0: half of the
+  `CONTINUOUS_FROM_NEW_TOKENS` new tokens, static below (static on a TPU). `slots` 0: half of the
   requests (at least one); on a data-parallel mesh the slots are split over the data
   shards' engines (`continuous.engine_slots`).
 
@@ -81,9 +85,12 @@ class SamplingSettings:
     if self.page_size < 1:
       raise ValueError(f"page_size={self.page_size}: expected >= 1")
 
-  def resolved_engine(self) -> str:
-    """'static' or 'continuous': what `engine` stands for with these settings."""
+  def resolved_engine(self, where: str = "cpu") -> str:
+    """'static' or 'continuous': what `engine` stands for with these settings on platform
+    `where` ('cpu', 'gpu' or 'tpu': `jaxrl_llm.platform.of`)."""
     if self.engine != "auto":
       return self.engine
-    return "continuous" if self.max_new_tokens >= CONTINUOUS_FROM_NEW_TOKENS else "static"
+    threshold = CONTINUOUS_FROM_NEW_TOKENS[where]
+    return ("continuous" if threshold is not None and self.max_new_tokens >= threshold
+            else "static")
 
