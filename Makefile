@@ -1,5 +1,6 @@
 # `make demo` and `make test` set themselves up from a clean clone, each with what it needs:
-# the demo the package and its demo extras (no PyTorch), the tests the test extras as well.
+# the demo the package and its demo extras (no PyTorch), the tests the test extras as well,
+# and the TPU compiler (the tpu extra: tests/aot compiles for TPU slices on this host).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -18,7 +19,7 @@ $(DEMO_STAMP): setup.py | $(PY)
 	touch $@
 
 $(TEST_STAMP): setup.py | $(PY)
-	$(PY) -m pip install -q -e ".[test,demo]"
+	$(PY) -m pip install -q -e ".[test,demo,tpu]"
 	touch $@ $(DEMO_STAMP)
 
 # The full development environment (what the tests and the benchmarks use).

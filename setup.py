@@ -31,7 +31,8 @@ setuptools.setup(
         "tqdm",
         "tensorboardX",
     ],
-    entry_points={"console_scripts": ["jaxrl-llm-train=jaxrl_llm.cli:run"]},
+    entry_points={"console_scripts": ["jaxrl-llm-train=jaxrl_llm.cli:run",
+                                      "jaxrl-llm-compile=jaxrl_llm.aot.cli:run"]},
     extras_require={
         # torch is pinned: 2.13.0 is a CPU wheel on our CI machines; parity tests only.
         # pytest-xdist: `make test` runs the suite in two worker processes (one per core).
@@ -49,5 +50,8 @@ setuptools.setup(
         "gcs": ["gcsfs"],
         # make demo: the curves plot, and TensorBoard to read WORKDIR/tb/ (no PyTorch)
         "demo": ["matplotlib", "tensorboard"],
+        # XLA:TPU (libtpu, ~0.7 GB) at the installed jax's version: runs on a TPU VM, and
+        # compiles for any TPU slice on any host (launch.compile); make test installs it.
+        "tpu": ["jax[tpu]"],
     },
 )

@@ -5,8 +5,6 @@
   .venv/bin/python bench/train_step.py --shape=narrow --layers=28   # depth: compile time
   .venv/bin/python bench/train_step.py --config=configs/gspo.py:runlocal --config.train.steps=6
   .venv/bin/python bench/train_step.py --shape=qwen3_0_6b --memory_only   # compile only
-  XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python bench/train_step.py \
-      --config=configs/qwen3_gsm8k.py:tpu_v5e_8,size=1.7b --set=model.path= --memory_only
 
 The default workload is tiny-grpo-cpu, the one `bench/peers/run.sh` runs on TRL,
 tunix and this project: a random 4-layer Llama (vocab 512, hidden 256, MLP 768, 4 heads,
@@ -24,9 +22,11 @@ process, the first step's time (compilation), peak RSS, and XLA's `memory_analys
 compiled policy update (its temporaries per token of a micro-batch), with what one device
 holds: the train state, the reference, the sampler's KV cache, the update's arguments and
 temporaries, and their sum at the update's peak. `--memory_only` compiles against shapes
-alone (nothing is loaded or allocated), so a model larger than this machine's memory can be
-checked on as many CPU devices as the target has chips (`--set=model.path=` swaps the
-recipe's checkpoint for its `model.arch` shape). The last line is JSON.
+alone (nothing is loaded or allocated) on this process's devices (`--run_update`: and runs it
+once, to see that it fits a GPU); for a TPU slice, from any host, use `python -m
+launch.compile`, which compiles every program of a step with XLA:TPU
+(`--set=model.path=` swaps the recipe's checkpoint for its `model.arch` shape). The last
+line is JSON.
 """
 from __future__ import annotations
 
@@ -124,48 +124,27 @@ def matmul_rate(dtype: str) -> float:
   return 2 * n ** 3 / statistics.median(times)
 
 
-def per_device_bytes(tree) -> int:
-  """Bytes of a tree of arrays (or ShapeDtypeStructs with shardings) on its fullest device."""
-  import jax
-  import numpy as np
-  return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
-             for x in jax.tree.leaves(tree))
-
-
 def policy_step_memory(config, run: bool) -> dict:
-  """XLA's memory analysis of the compiled policy update on a minibatch of the config's shapes.
+  """XLA's memory analysis of the compiled policy update on a minibatch of the config's shapes,
+  on this process's devices (for a TPU slice from any host: `python -m launch.compile`).
 
-  Everything is abstract (shapes and shardings: `training.set_up(abstract=True)`), so a model
-  larger than this machine's memory compiles without loading or scoring anything; `run`
-  places a real state and executes the update once on zeros. Sizes are per device: the
-  compiled program is one device's share of the SPMD program.
+  Everything is abstract (shapes and shardings: `training.set_up(abstract=True)`; the
+  minibatch and what stays resident beside the update as launch.compile builds them,
+  `jaxrl_llm.aot.step`), so a model larger than this machine's memory compiles without
+  loading or scoring anything; `run` places a real state and executes the update once on
+  zeros. Sizes are per device: the compiled program is one device's share of the SPMD program.
   """
   import jax
   import jax.numpy as jnp
-  import numpy as np
   from jaxrl_llm import sharding as sh
   from jaxrl_llm import training
-  from jaxrl_llm.training import prepare, rollout as rollout_lib, setup as setup_lib
-  setup = training.set_up(config, training.make_plan(config), abstract=not run)
+  from jaxrl_llm.aot import step as aot_step
+  from jaxrl_llm.training import setup as setup_lib
+  plan = training.make_plan(config)
+  setup = training.set_up(config, plan, abstract=not run)
   m, programs = setup.models, setup.programs
   state = setup_lib.fresh_state(setup, config.seed) if run else setup.layout
-  s, P = config.sampling, config.train.prompts_per_step
-  G, N, S0 = s.num_samples, s.max_new_tokens, max(s.prompt_buckets)  # the longest prompts
-  B = P * G
-  rollout = rollout_lib.Rollout(
-      prompt_tokens=np.ones((P, S0), np.int32), prompt_mask=np.ones((P, S0), np.int32),
-      tokens=np.ones((B, N), np.int32), mask=np.ones((B, N), np.int32),
-      logprobs=np.zeros((B, N), np.float32), lengths=np.full(B, N, np.int32),
-      truncated=np.zeros(B, bool), rewards=np.arange(B, dtype=np.float32) % 2,
-      group_valid=np.ones(P, bool), metrics={}, position=0, prompts=[""] * P, completions=[])
-  arrays = prepare.batch_arrays(rollout, G, False)
-  rows_all = sh.rows_sharding(B, m.mesh, m.rules)
-  raw = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows_all) for k, x in arrays.items()}
-  batch, _, _ = jax.eval_shape(programs.prepare, raw, m.policy, m.reference, m.value,
-                                  m.teacher, None)
-  rows = sh.rows_sharding(programs.minibatch_rows, m.mesh, m.rules)
-  minibatch = {k: jax.ShapeDtypeStruct((programs.minibatch_rows,) + x.shape[1:], x.dtype,
-                                       sharding=rows) for k, x in batch.items()}
+  minibatch = aot_step.minibatch(config, plan, setup)
   t = time.perf_counter()
   compiled = programs.policy_update.lower(state, minibatch, m.base).compile()
   compile_s = time.perf_counter() - t
@@ -173,32 +152,30 @@ def policy_step_memory(config, run: bool) -> dict:
   micro = min(config.train.micro_batch_size, programs.minibatch_rows)
   ran = None
   if run:
+    rows = sh.rows_sharding(programs.minibatch_rows, m.mesh, m.rules)
     zeros = {k: jax.device_put(jnp.zeros(x.shape, x.dtype), rows) for k, x in minibatch.items()}
     t = time.perf_counter()
     jax.block_until_ready(compiled(state, zeros, m.base))
     ran = time.perf_counter() - t
-  state_bytes = per_device_bytes(setup.layout)
-  from jaxrl_llm.models import kv_cache
-  cfg = m.policy.config
-  cache_shardings = kv_cache.cache_shardings(cfg, B, N, m.mesh, m.rules)
-  cache = per_device_bytes({k: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype, sharding=cache_shardings[k])
-                            for k, shape in kv_cache.shapes(cfg, B, N).items()})
-  # With LoRA the reference is the frozen base, an argument of the update already.
-  reference = (0 if m.reference is None or m.base is not None
-               else per_device_bytes(m.reference.params))
+  resident = {k: size for k, (_, size) in aot_step.resident_buffers(config, plan, setup).items()}
+  beside = sum(size for k, size in resident.items()
+               if k not in ("policy", "optimizer", "value", "base"))  # the update's arguments
+  tokens = minibatch["tokens"].shape[1]
   # Live at the update's peak: its arguments (the donated state, the minibatch), outputs not
   # aliased to an argument, its temporaries, and beside it the frozen reference and the KV
-  # buffers the sampler keeps between steps (one slot per new token of every row).
+  # buffers the samplers keep between steps.
   peak = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-          - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes + reference + cache)
+          - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes + beside)
   return dict(compile_s=compile_s, run_s=ran, temp_bytes=analysis.temp_size_in_bytes,
               argument_bytes=analysis.argument_size_in_bytes,
               output_bytes=analysis.output_size_in_bytes,
               alias_bytes=analysis.alias_size_in_bytes,
-              state_bytes=state_bytes, policy_opt_bytes=per_device_bytes(setup.layout.policy_opt),
-              reference_bytes=reference, kv_cache_bytes=cache, peak_bytes=peak,
-              temp_bytes_per_token=analysis.temp_size_in_bytes / (micro * (S0 + N)),
-              micro_batch=micro, tokens_per_row=S0 + N, devices=m.mesh.size,
+              state_bytes=aot_step.bytes_per_chip(setup.layout),
+              policy_opt_bytes=resident["optimizer"],
+              reference_bytes=resident.get("reference", 0),
+              kv_cache_bytes=resident.get("kv_cache", 0) + resident.get("eval_kv_cache", 0),
+              peak_bytes=peak, temp_bytes_per_token=analysis.temp_size_in_bytes / (micro * tokens),
+              micro_batch=micro, tokens_per_row=tokens, devices=m.mesh.size,
               mesh=dict(m.mesh.shape))
 
 

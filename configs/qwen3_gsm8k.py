@@ -92,12 +92,13 @@ def _hardware(config, hardware: str, size: str) -> None:
     # 11.2 GiB (tensor also splits the KV heads and the gathered decode weights); fsdp=8
     # alone would gather every layer's whole weights on each chip. data=-1 takes the rest
     # (2 on a v5litepod-16).
-    mesh.update(data=-1, fsdp=8 if size == "0.6b" else 4, tensor=1 if size == "0.6b" else 2)
+    mesh.update(data=-1, fsdp=8 if size == "0.6b" else 4, tensor=1 if size == "0.6b" else 2,
+                topology="v5e:2x4")
     train.prompts_per_step, train.micro_batch_size, train.logprob_chunk_size = 32, 32, 128
   else:  # tpu_v5p_32: 16 chips of 95 GB
     # fsdp=4 within a host, data=4 across hosts: 1.7B peaks at 21 GiB of 95 with 128-row
     # micro-batches (8 per chip) and 256-position log-prob chunks.
-    mesh.update(data=-1, fsdp=4, tensor=1)
+    mesh.update(data=-1, fsdp=4, tensor=1, topology="v5p:2x2x4")
     train.prompts_per_step, train.micro_batch_size, train.logprob_chunk_size = 128, 128, 256
   train.steps = TRAIN_PROMPTS // train.prompts_per_step
   train.eval_every = train.steps // 10

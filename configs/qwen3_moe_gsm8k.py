@@ -50,7 +50,7 @@ def get_config(arg=None):
                              num_kv_heads=2, head_dim=16, vocab_size=512, num_experts=4,
                              num_experts_per_tok=2, moe_intermediate_size=32)
     return config
-  config.mesh.update(data=1, fsdp=4, expert=8, tensor=1)
+  config.mesh.update(data=1, fsdp=4, expert=8, tensor=1, topology="v5p:4x4x2")
   t = config.train
   t.prompts_per_step, t.micro_batch_size, t.logprob_chunk_size = 128, 128, 256
   t.steps = DENSE.TRAIN_PROMPTS // t.prompts_per_step

@@ -30,6 +30,8 @@ import traceback
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxrl_llm import command_line
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A preset name (grpo, ppo:runlocal) or a config file (path[:arg]).",
     lock_config=True)
@@ -73,7 +75,7 @@ def main(argv):
     training.train(_CONFIG.value, _WORKDIR.value, print_config=True,
                    resume_with_changes=_RESUME_WITH_CHANGES.value)
   except config_lib.ConfigError as e:  # raised before anything loads: a usage error
-    _usage_error("; ".join(str(e).splitlines()), flags_help=False)
+    command_line.usage_error("; ".join(str(e).splitlines()), flags_help=False)
   except guards.Preempted as e:
     print(e, file=sys.stderr)
     sys.exit(guards.PREEMPTED_EXIT_CODE)
@@ -114,57 +116,8 @@ def _write_error_log(workdir: str) -> str:
     return "stderr"
 
 
-def _with_preset_paths(argv: list[str]) -> list[str]:
-  """`--config=NAME[:arg]` -> the preset file's path (`jaxrl_llm.config.presets.path`)."""
-  from jaxrl_llm.config import presets  # pylint: disable=g-import-not-at-top
-  out = []
-  for arg in argv:
-    if arg.startswith("--config="):
-      spec, sep, rest = arg[len("--config="):].partition(":")
-      try:
-        arg = f"--config={presets.path(spec)}{sep}{rest}"
-      except ValueError as e:
-        _usage_error(str(e))
-    out.append(arg)
-  return out
-
-
 def _parse_flags(argv):
-  """absl's flag parsing, with one clear line and exit status 2 for bad flags.
-
-  Covers what absl's own parser reports (a bad value, a missing flag, an error raised by
-  the config file's `get_config`, such as a bad argument after its colon), a misspelt
-  `--config.x.y` override (ml_collections raises before any config exists) and a config
-  file that cannot be loaded.
-  """
-  argv = _with_preset_paths(argv)
-  overrides = [a.lstrip("-").partition("=")[0] for a in argv[1:] if a.startswith("--config.")]
-  twice = sorted({o for o in overrides if overrides.count(o) > 1})
-  if twice:  # ml_collections would concatenate two tuple values silently
-    _usage_error(f"--{twice[0]} is given more than once: expected each override once")
-  try:
-    args = flags.FLAGS(argv)
-    _CONFIG.value.keys()  # a config file that failed to load raises its error here
-    return args
-  except (flags.Error, OSError) as e:
-    _usage_error(str(e))
-  except (AttributeError, KeyError) as e:
-    from jaxrl_llm import config as config_lib  # pylint: disable=g-import-not-at-top
-    for arg in argv[1:]:
-      path = arg.lstrip("-").partition("=")[0]
-      if path.startswith("config.") and (error := config_lib.unknown_key(path[len("config."):])):
-        _usage_error(f"{arg}: {error}")
-    _usage_error(f"a --config override: {e}")
-
-
-def _usage_error(message: str, flags_help: bool = True):
-  if "Traceback (most recent call last)" in message:  # keep the config file's own error
-    lines = [line for line in message.splitlines() if line.strip()]
-    message = f"{lines[0]} {lines[-1]}"
-  if flags_help:
-    message += "\nPass --helpshort or --helpfull to see help on flags."
-  print(message, file=sys.stderr)
-  sys.exit(2)
+  return command_line.parse_flags(argv, _CONFIG)
 
 
 def run():

@@ -100,11 +100,26 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
                      f"are {len(devices)}: expected sizes whose product is {len(devices)} "
                      "(or one axis -1 for the rest)")
   dims = tuple(shape[a] for a in MESH_AXES)
+  slices = len({getattr(d, "slice_index", 0) for d in devices})
+  if slices > 1:
+    return Mesh(_multislice_devices(dims, devices, slices, sizes), MESH_AXES)
   try:
     device_array = mesh_utils.create_device_mesh(dims, devices)
   except (ValueError, AssertionError, NotImplementedError):
     device_array = np.asarray(devices).reshape(dims)
   return Mesh(device_array, MESH_AXES)
+
+
+def _multislice_devices(dims: tuple[int, ...], devices, slices: int, sizes: str) -> np.ndarray:
+  """Devices of several TPU slices (multislice) in mesh order: the data axis spans the
+  slices, which talk over the data-center network (DCN); every other axis stays within a
+  slice, on its inter-chip links (MaxText's dcn_data_parallelism)."""
+  if dims[0] % slices:
+    raise ValueError(f"config.mesh ({sizes}) over {slices} slices: the data axis spans the "
+                     f"slices, so expected data a multiple of {slices}")
+  per_slice = (dims[0] // slices,) + dims[1:]
+  return mesh_utils.create_hybrid_device_mesh(per_slice, (slices,) + (1,) * (len(dims) - 1),
+                                              devices)
 
 
 def split_meshes(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> tuple[Mesh, Mesh | None]:

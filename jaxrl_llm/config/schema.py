@@ -33,7 +33,7 @@ def model_config() -> ConfigDict:
       # router_aux_loss_coef; the built-in arch's is 0), and how the experts run
       "router_aux_loss_coef": -1.0,
       "router_z_loss_coef": 0.0,
-      "moe_impl": "auto",  # auto | ragged (jax.lax.ragged_dot) | blocked (padded blocks; CPU)
+      "moe_impl": "auto",  # auto | gmm (megablox; TPU) | ragged (jax.lax.ragged_dot) | blocked
       "arch": {
           "model_type": "llama",
           "vocab_size": 512,
@@ -88,6 +88,11 @@ def mesh_config() -> ConfigDict:
       # > 0: the sampler gets the first n devices (its own mesh, tensor-parallel) and data/fsdp/
       # tensor above describe the trainer's mesh over the rest; 0: both share every device.
       "rollout_devices": 0,
+      # The TPU slice a recipe is sized for, e.g. 'v5p:2x2x4' ('' = none), and how many such
+      # slices (multislice: over the data-center network, the data axis spans them). Read by
+      # launch.compile when no --topology is given; training runs on the devices it has.
+      "topology": "",
+      "num_slices": 1,
       "rules": (
           ("batch", ("data", "fsdp", "expert")),
           ("embed", "fsdp"),

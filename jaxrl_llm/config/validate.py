@@ -14,7 +14,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from jaxrl_llm import paths, sampling
+from jaxrl_llm import paths, platform, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.config import algo_checks, inputs, schema
 from jaxrl_llm.config.errors import ConfigError
@@ -46,7 +46,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_sizes(config)
     _check_sampling(config.sampling)
     _check_data(config)
-    _check_processes(config)
+    _check_processes(config, devices)
     _check_checkpoint(config.checkpoint)
     _check_logging(config.logging)
     _check_batch_shards(config, devices)
@@ -54,7 +54,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_lora(config)
     _check_sources(config)
     _check_envs(config)
-    _check_routing_replay(config)
+    _check_routing_replay(config, devices)
     _check_teacher(config)
     RewardSet.from_config(config.rewards)  # resolves the functions, checks the weights
     if workdir is not None:
@@ -228,8 +228,11 @@ def _check_data(config) -> None:
                       "prompt; expected 1")
 
 
-def _check_processes(config) -> None:
-  P, n = config.train.prompts_per_step, jax.process_count()
+def _check_processes(config, devices) -> None:
+  """Every process (host) loads its own share of the prompts; `devices`' hosts, or this
+  run's processes."""
+  P = config.train.prompts_per_step
+  n = jax.process_count() if devices is None else len({d.process_index for d in devices})
   if P % n:
     raise ConfigError(f"config.train.prompts_per_step={P} is not divisible by the {n} processes: "
                       f"expected a multiple of {n} (each process loads its own share of the "
@@ -365,7 +368,7 @@ def _check_sources(config) -> None:
 ENV_ERRORS = ("stop", "drop")  # on_env_error
 
 
-def _check_routing_replay(config) -> None:
+def _check_routing_replay(config, devices) -> None:
   """Routing replay needs an MoE policy and a sampler that records its experts."""
   if config.algo.routing_replay != "rollout":
     return
@@ -375,10 +378,11 @@ def _check_routing_replay(config) -> None:
           f"not a mixture of experts (one of {list(model_config.MOE_MODEL_TYPES)})")
   s = config.sampling
   engine = sampling.SamplingSettings(s.num_samples, s.max_new_tokens, engine=s.engine)
-  if engine.resolved_engine() != "static":
+  where = platform.of() if devices is None else platform.device_platform(devices[0])
+  if engine.resolved_engine(where) != "static":
     _fail("algo.routing_replay", "rollout", "'off', or config.sampling.engine='static' (the "
           "static engine records the experts; "
-          f"engine={s.engine!r} with max_new_tokens={s.max_new_tokens} is continuous)")
+          f"engine={s.engine!r} with max_new_tokens={s.max_new_tokens} is continuous on {where})")
   if any(source.multi_turn for source in sources_lib.run_sources(config)):
     _fail("algo.routing_replay", "rollout", "'off': multi-turn episodes do not record experts")
 

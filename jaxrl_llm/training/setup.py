@@ -197,8 +197,10 @@ def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
   base = lora.split(policy.params)[0] if cfg.has_lora else None
   base_model = None if base is None else policy.replace(params=base, config=cfg.without_lora())
   rollout_policy = reference = value = teacher = rollout_base = None
-  if rollout_mesh is not None and not abstract:
-    rollout_policy = models.place(policy, rollout_mesh, rules)
+  if rollout_mesh is not None:
+    rollout_policy = (models.Model(models.abstract_params(cfg, rollout_mesh, rules), cfg,
+                                   rollout_mesh, rules) if abstract
+                      else models.place(policy, rollout_mesh, rules))
     rollout_base = None if base is None else lora.split(rollout_policy.params)[0]
   if plan.reference:
     reference = (base_model if base is not None else policy if abstract else

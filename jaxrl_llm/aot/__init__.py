@@ -1,0 +1,1 @@
+"""Ahead-of-time compilation for a target topology (a TPU slice compiled from any host): programs, costs, memory."""

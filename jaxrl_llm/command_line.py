@@ -1,0 +1,66 @@
+"""A command's `--config` flag: preset names, `--config.x.y=v` overrides, and one clear line
+with exit status 2 for anything wrong with them (absl's own parsing, a misspelt override,
+a config file that fails to load). Shared by `jaxrl-llm-train` (`jaxrl_llm.cli`) and
+`jaxrl-llm-compile` (`jaxrl_llm.aot.cli`).
+"""
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+
+
+def usage_error(message: str, flags_help: bool = True):
+  """Prints `message` (one line; a config file's traceback cut to its first and last
+  lines) and exits with status 2."""
+  if "Traceback (most recent call last)" in message:  # keep the config file's own error
+    lines = [line for line in message.splitlines() if line.strip()]
+    message = f"{lines[0]} {lines[-1]}"
+  if flags_help:
+    message += "\nPass --helpshort or --helpfull to see help on flags."
+  print(message, file=sys.stderr)
+  sys.exit(2)
+
+
+def with_preset_paths(argv: list[str]) -> list[str]:
+  """`--config=NAME[:arg]` -> the preset file's path (`jaxrl_llm.config.presets.path`)."""
+  from jaxrl_llm.config import presets  # pylint: disable=g-import-not-at-top
+  out = []
+  for arg in argv:
+    if arg.startswith("--config="):
+      spec, sep, rest = arg[len("--config="):].partition(":")
+      try:
+        arg = f"--config={presets.path(spec)}{sep}{rest}"
+      except ValueError as e:
+        usage_error(str(e))
+    out.append(arg)
+  return out
+
+
+def parse_flags(argv: list[str], config_flag) -> list[str]:
+  """absl's flag parsing of `argv` with `config_flag` (a `config_flags` config-file flag),
+  with one clear line and exit status 2 for bad flags.
+
+  Covers what absl's own parser reports (a bad value, a missing flag, an error raised by
+  the config file's `get_config`, such as a bad argument after its colon), a misspelt
+  `--config.x.y` override (ml_collections raises before any config exists) and a config
+  file that cannot be loaded.
+  """
+  argv = with_preset_paths(argv)
+  overrides = [a.lstrip("-").partition("=")[0] for a in argv[1:] if a.startswith("--config.")]
+  twice = sorted({o for o in overrides if overrides.count(o) > 1})
+  if twice:  # ml_collections would concatenate two tuple values silently
+    usage_error(f"--{twice[0]} is given more than once: expected each override once")
+  try:
+    args = flags.FLAGS(argv)
+    config_flag.value.keys()  # a config file that failed to load raises its error here
+    return args
+  except (flags.Error, OSError) as e:
+    usage_error(str(e))
+  except (AttributeError, KeyError) as e:
+    from jaxrl_llm import config as config_lib  # pylint: disable=g-import-not-at-top
+    for arg in argv[1:]:
+      path = arg.lstrip("-").partition("=")[0]
+      if path.startswith("config.") and (error := config_lib.unknown_key(path[len("config."):])):
+        usage_error(f"{arg}: {error}")
+    usage_error(f"a --config override: {e}")

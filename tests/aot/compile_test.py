@@ -1,0 +1,160 @@
+"""launch.compile: every program of a step compiled by XLA:TPU for a small slice (compile
+only, on this CPU host), with the TPU kernels chosen; its report, JSON line and exit codes.
+
+Tiny models in bf16 at a sequence of 128 (so the training attention is splash's), on
+v5e:2x2 (4 chips on one host) unless a test is about hosts or slices.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+from absl.testing import absltest
+
+from jaxrl_llm import config as config_lib
+from jaxrl_llm import training
+from jaxrl_llm.aot import analysis, chips, report
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+SPLASH = ("splash_mqa_fwd", "splash_mqa_dkv", "splash_mqa_dq")
+
+
+def tiny_tpu_config(preset: str = "grpo", **arch):
+  """A tiny bf16 model whose training sequence (64 prompt + 64 new tokens) is splash's."""
+  config = config_lib.preset(preset)
+  config.model.dtype = "bfloat16"
+  config.model.arch.update(hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2,
+                           head_dim=128, **arch)
+  config.sampling.update(num_samples=4, max_new_tokens=64, max_prompt_len=64,
+                         prompt_buckets=(32, 64))
+  config.train.update(prompts_per_step=8, micro_batch_size=16, eval_every=0)
+  return config
+
+
+def analyse(config, topology: str = "v5e:2x2", num_slices: int = 1):
+  devices = chips.topology_devices(topology, num_slices)
+  config = report.for_compiling(config)
+  config_lib.validate(config, devices)
+  plan = training.make_plan(config)
+  setup = training.set_up(config, plan, devices, abstract=True)
+  return analysis.analyse(config, plan, setup, topology), setup
+
+
+def compile_cli(*flags):
+  return subprocess.run([sys.executable, "-m", "launch.compile", *flags], cwd=REPO, text=True,
+                        capture_output=True, timeout=600)
+
+
+@absltest.skipUnless(HAS_LIBTPU, "the TPU compiler (pip install -e '.[tpu]') is not installed")
+class CompileForTpuTest(absltest.TestCase):
+
+  def test_dense_step_compiles_with_splash_in_training(self):
+    result, _ = analyse(tiny_tpu_config())
+    programs = {p.name: p for p in result.programs}
+    self.assertEqual(list(programs), ["sampler", "prepare", "policy_update"])
+    update = programs["policy_update"]
+    for kernel in SPLASH:  # forward and both backward kernels: TPU's, not the XLA fallback
+      self.assertTrue(any(k.startswith(kernel) for k in update.kernels), update.kernels)
+    self.assertTrue(any(k.startswith("splash_mqa_fwd") for k in programs["prepare"].kernels))
+    for p in result.programs:
+      self.assertGreater(p.argument_bytes, 0, p.name)
+      self.assertGreater(p.flops, 0, p.name)
+      self.assertGreater(p.roofline_s, 0, p.name)
+      self.assertTrue(result.fits(p), p.name)
+    # Beside the update: the reference and the sampler's kept KV buffers, not the state.
+    self.assertEqual(set(update.resident), {"reference", "kv_cache"})
+    self.assertEqual(set(programs["sampler"].resident), {"optimizer", "reference"})
+    self.assertGreater(result.mfu_bound, 0)
+    self.assertLess(result.mfu_bound, 1)
+
+  def test_moe_with_routing_replay_compiles(self):
+    config = tiny_tpu_config(model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+                             moe_intermediate_size=128)
+    config.algo.routing_replay = "rollout"
+    config.sampling.engine = "static"
+    config.mesh.update(data=2, expert=2)
+    result, setup = analyse(config)
+    self.assertEqual([p.name for p in result.programs], ["sampler", "prepare", "policy_update"])
+    self.assertTrue(all(result.fits(p) for p in result.programs))
+    from jaxrl_llm.aot import step  # pylint: disable=g-import-not-at-top
+    plan = training.make_plan(report.for_compiling(config))
+    self.assertIn("routing", step.minibatch(report.for_compiling(config), plan, setup))
+
+  def test_lora_update_takes_the_frozen_base(self):
+    config = tiny_tpu_config()
+    config.lora.update(rank=8, base_quant="int8")
+    result, setup = analyse(config)
+    update = next(p for p in result.programs if p.name == "policy_update")
+    self.assertNotIn("base", update.resident)  # an argument of the update
+    self.assertIsNotNone(setup.models.base)
+    full, _ = analyse(tiny_tpu_config())
+    full_update = next(p for p in full.programs if p.name == "policy_update")
+    self.assertLess(update.argument_bytes, full_update.argument_bytes)  # adapters + int8 base
+
+  def test_the_global_program_compiles_for_several_hosts_and_slices(self):
+    config = tiny_tpu_config()
+    config.train.prompts_per_step = 16
+    hosts, setup = analyse(config, "v5e:4x4")  # 16 chips on 4 hosts
+    self.assertEqual(setup.models.mesh.size, 16)
+    self.assertTrue(hosts.all_fit)
+    slices, setup = analyse(config, "v5e:2x4", num_slices=2)  # 2 slices of 8 chips
+    data = setup.models.mesh.devices  # [data, fsdp, expert, tensor]
+    self.assertEqual({d.slice_index for d in data[: data.shape[0] // 2].flat}, {0})
+    self.assertEqual({d.slice_index for d in data[data.shape[0] // 2:].flat}, {1})
+    self.assertTrue(slices.all_fit)
+
+  def test_cli_reports_every_program_and_exits_0_when_it_fits(self):
+    run = compile_cli("--config=grpo", "--topology=v5e:2x2", "--config.model.dtype=bfloat16",
+                      "--config.train.eval_every=2")
+    self.assertEqual(run.returncode, 0, run.stderr[-3000:])
+    last = json.loads(run.stdout.strip().splitlines()[-1])
+    self.assertEqual(set(last), {"topology", "chip", "hbm_bytes", "programs", "step_roofline_s",
+                                 "mfu_bound", "fits"})
+    self.assertEqual(last["chip"], "v5e")
+    self.assertEqual(list(last["programs"]), ["sampler", "eval_sampler", "prepare",
+                                              "policy_update"])
+    self.assertTrue(last["fits"])
+    self.assertIn("MFU bound", run.stdout)
+
+  def test_cli_exits_3_naming_the_program_that_does_not_fit(self):
+    # 2 x 131072 x 8192 float32 embeddings with Adam's moments, replicated: ~48 GiB a chip.
+    run = compile_cli("--config=grpo", "--topology=v5e:2x2", "--config.model.arch.vocab_size=131072",
+                      "--config.model.arch.hidden_size=8192", "--programs=policy_update")
+    self.assertEqual(run.returncode, 3, run.stderr[-3000:])
+    self.assertIn("policy_update does not fit", run.stderr)
+    self.assertIn("config.mesh.fsdp", run.stderr)  # what to change
+    self.assertFalse(json.loads(run.stdout.strip().splitlines()[-1])["fits"])
+
+  def test_cli_exits_2_for_a_bad_topology_or_mesh(self):
+    bad_name = compile_cli("--config=grpo", "--topology=v5e:3x3")
+    self.assertEqual(bad_name.returncode, 2)
+    self.assertEqual(len(bad_name.stderr.strip().splitlines()), 1, bad_name.stderr)
+    self.assertIn("v5e:3x3", bad_name.stderr)
+    bad_mesh = compile_cli("--config=grpo", "--topology=v5e:2x2", "--config.mesh.data=1",
+                           "--config.mesh.fsdp=3")
+    self.assertEqual(bad_mesh.returncode, 2)
+    self.assertIn("config.mesh", bad_mesh.stderr)
+    self.assertEqual(len(bad_mesh.stderr.strip().splitlines()), 1, bad_mesh.stderr)
+
+  def test_hbm_table_is_the_compilers_limit(self):
+    import re  # pylint: disable=g-import-not-at-top
+    import jax  # pylint: disable=g-import-not-at-top
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+    for name, topology in (("v5e", "v5e:2x2"), ("v5p", "v5p:2x2x1"), ("v6e", "v6e:2x2")):
+      devices = chips.topology_devices(topology)
+      mesh = Mesh(np.asarray(devices), ("d",))
+      huge = jax.ShapeDtypeStruct((len(devices) << 16, 1 << 20), np.float32,
+                                  sharding=NamedSharding(mesh, PartitionSpec("d")))
+      with self.assertRaises(jax.errors.JaxRuntimeError) as caught:
+        jax.jit(lambda x: x * 2 + 1).lower(huge).compile()
+      found = re.search(r"available HBM \(([\d.]+)G\)", str(caught.exception))
+      if found is None:
+        self.skipTest(f"this libtpu words its out-of-memory error otherwise: {caught.exception}")
+      self.assertAlmostEqual(chips.CHIPS[name].hbm_bytes / 2**30, float(found.group(1)), places=2)
+
+
+if __name__ == "__main__":
+  absltest.main()
