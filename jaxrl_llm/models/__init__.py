@@ -34,7 +34,7 @@ from jaxrl_llm.models.transformer import Transformer
 
 __all__ = [
     "Model", "ModelConfig", "abstract_params", "compute_logits", "compute_values", "forward",
-    "from_pretrained", "init", "init_cache", "merged", "place", "positions_from_mask",
+    "from_pretrained", "frozen", "init", "init_cache", "merged", "place", "positions_from_mask",
     "quantize_base", "save_adapter", "save_pretrained", "unembed", "value_model", "with_lora",
 ]
 
@@ -216,6 +216,32 @@ def save_adapter(model: Model, path: str, base_model_name_or_path: str | None) -
       dict(lora.peft_tensors(adapters, model.config)), metadata={"format": "pt"}))
   paths.write_atomic(paths.join(path, lora.PEFT_CONFIG_FILE), json.dumps(
       lora.adapter_config(model.config, base_model_name_or_path), indent=2))
+
+
+# Parameters the forward reads in float32 whatever the compute dtype (an MoE layer's router:
+# `moe.MoeMlp`); `frozen` keeps them as they are.
+FLOAT32_PARAMS = ("router",)
+
+
+def frozen(model: Model) -> Model:
+  """A copy of `model` for inference only (the reference, a teacher): its floating
+  parameters in the compute dtype, but those the forward reads in float32 (`FLOAT32_PARAMS`).
+
+  The forward casts every other parameter to the compute dtype before it uses it, so the
+  copy computes the same outputs bit for bit, in half the memory of float32 weights under
+  bf16 compute. Never an alias of `model`'s arrays (the train state's are donated). Takes
+  placed arrays or `jax.ShapeDtypeStruct`s (an abstract model).
+  """
+  dt = model.config.jnp_dtype
+
+  def one(path, x):
+    keep = (not jnp.issubdtype(x.dtype, jnp.floating)
+            or any(getattr(k, "key", None) in FLOAT32_PARAMS for k in path))
+    dtype = x.dtype if keep else dt
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
+    return jnp.copy(x).astype(dtype)
+  return model.replace(params=jax.tree_util.tree_map_with_path(one, model.params))
 
 
 def value_model(policy: Model) -> Model:

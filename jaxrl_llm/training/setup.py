@@ -7,7 +7,6 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from jaxrl_llm import data, models
 from jaxrl_llm import sharding as sh
@@ -103,11 +102,13 @@ class Models:
   Attributes:
     mesh, rules: the device mesh and the logical-axis rules.
     policy, reference, value: `models.Model`s (reference/value None when the plan has
-      none); the policy's and critic's trained parameters live in the train state.
+      none); the policy's and critic's trained parameters live in the train state. The
+      reference is the initial policy in the compute dtype (`models.frozen`: the same
+      outputs in half the memory under bf16 compute), or with LoRA the frozen base.
     rollout_policy: with split placement (`config.mesh.rollout_devices`), the policy placed
       on the sampler's own mesh (a copy of the initial parameters); None otherwise.
-    teacher: the frozen teacher (`config.teacher.path`), sharded like the policy; None
-      without one.
+    teacher: the frozen teacher (`config.teacher.path`), sharded like the policy, in the
+      compute dtype (`models.frozen`); None without one.
     base: with LoRA (`config.lora`), the policy's frozen parameters (all but the adapters,
       which are what the train state trains); None otherwise.
     rollout_base: `base` on the sampler's mesh (split placement with LoRA), else None.
@@ -202,15 +203,14 @@ def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
                                    rollout_mesh, rules) if abstract
                       else models.place(policy, rollout_mesh, rules))
     rollout_base = None if base is None else lora.split(rollout_policy.params)[0]
-  if plan.reference:
-    reference = (base_model if base is not None else policy if abstract else
-                 policy.replace(params=jax.tree.map(jnp.copy, policy.params)))
+  if plan.reference:  # the policy as it starts, in the compute dtype (`models.frozen`)
+    reference = base_model if base is not None else models.frozen(policy)
   if plan.value_model:  # a critic trains every weight: a float copy of the policy's backbone
     value = (abstract_model(lora.merged_config(cfg).replace(head="value")) if abstract
              else models.value_model(policy if base is None else models.merged(base_model)))
   if plan.teacher:
     teacher_cfg = model_config(config.model, config.teacher.path)
-    teacher = (abstract_model(teacher_cfg) if abstract else models.place(
+    teacher = models.frozen(abstract_model(teacher_cfg) if abstract else models.place(
         models.Model(load.load_params(config.teacher.path, teacher_cfg), teacher_cfg), mesh,
         rules))
   trained = Models(mesh, rules, policy, reference, value, rollout_policy, teacher, base,

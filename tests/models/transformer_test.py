@@ -178,5 +178,35 @@ class ValueModelTest(absltest.TestCase):
       models.compute_logits(critic, ids, mask)
 
 
+class FrozenCopyTest(parameterized.TestCase):
+
+  @parameterized.parameters("qwen3", "qwen3_moe")
+  def test_bf16_frozen_copy_gives_the_same_logits_in_less_memory(self, arch):
+    hf = hf_testing.make_hf_model(arch)
+    path = hf_testing.save_hf_model(hf, self.create_tempdir().full_path)
+    policy = models.from_pretrained(path, dtype="bfloat16", param_dtype="float32")
+    copy = models.frozen(policy)
+    ids, mask = _random_batch(6)
+    np.testing.assert_array_equal(models.compute_logits(copy, ids, mask),
+                                  models.compute_logits(policy, ids, mask))  # bit for bit
+    dtypes = jax.tree_util.tree_map_with_path(
+        lambda p, x: (jax.tree_util.keystr(p), x.dtype), copy.params)
+    for name, dtype in jax.tree.leaves(dtypes, is_leaf=lambda x: isinstance(x, tuple)):
+      self.assertEqual(dtype, jnp.float32 if "router" in name else jnp.bfloat16, name)
+    nbytes = lambda m: sum(x.nbytes for x in jax.tree.leaves(m.params))
+    self.assertLess(nbytes(copy), 0.52 * nbytes(policy))
+    # A copy, never an alias: the policy's arrays are donated to the update.
+    self.assertFalse(any(a is b for a, b in zip(jax.tree.leaves(copy.params),
+                                                jax.tree.leaves(policy.params))))
+    # The negative control: the router stored in bf16 would change the routing's logits.
+    if arch == "qwen3_moe":
+      rounded = jax.tree_util.tree_map_with_path(
+          lambda p, x: x.astype(jnp.bfloat16).astype(jnp.float32)
+          if "router" in jax.tree_util.keystr(p) else x, policy.params)
+      self.assertFalse(np.array_equal(
+          models.compute_logits(policy.replace(params=rounded), ids, mask),
+          models.compute_logits(policy, ids, mask)))
+
+
 if __name__ == "__main__":
   absltest.main()
