@@ -26,7 +26,7 @@ REMAT_POLICIES = ("none", "dots", "full")
 # Training attention (`attention.causal_attention`): 'auto' picks per platform and shape.
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 # How an MoE layer runs its experts (`moe.expert_ffn`): 'auto' picks per platform.
-MOE_IMPLS = ("auto", "ragged", "blocked")
+MOE_IMPLS = ("auto", "ragged", "blocked", "gmm")
 # The projections a LoRA adapter can sit on (`lora`): attention's fused q/k/v and its
 # output, the MLP's fused gate/up and its down projection.
 LORA_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")

@@ -1,5 +1,6 @@
-"""Expert parallelism: an MoE model on an expert 4 x data 2 mesh of 8 CPU devices computes
-what it computes on one device (logits, and the gradient and result of one update)."""
+"""Expert parallelism: an MoE model on meshes of 8 CPU devices (expert 4 x data 2, expert 2
+x fsdp 2 x tensor 2, expert 8) computes what it computes on one device (logits, and the
+gradient and result of one update). The layer itself: moe_parallel_test.py."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,20 +55,33 @@ class ExpertParallelTest(parameterized.TestCase):
     self.assertEqual(experts.sharding.spec, P(None, "expert", None, None, None))
     self.assertEqual(len(experts.addressable_shards[0].data.shape), 5)
     self.assertEqual(experts.addressable_shards[0].data.shape[1], CFG.num_experts // 4)
-    ids, mask = _batch()
-    want = models.compute_logits(one, ids, mask)
-    ids_s, mask_s = (sh.put(x, sh.named_sharding((sh.BATCH, None), x.shape, mesh, sh.DEFAULT_RULES))
-                     for x in (ids, mask))
-    got = models.compute_logits(placed, ids_s, mask_s)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=0)
+    _check_equal(one, placed, mesh)
 
-    update = jax.jit(_update)
-    loss1, grads1, params1 = update(one, ids, mask)
-    loss8, grads8, params8 = update(placed, ids_s, mask_s)
-    np.testing.assert_allclose(float(loss8), float(loss1), rtol=1e-6)
-    close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=1e-4)
-    jax.tree.map(close, grads8, grads1)
-    jax.tree.map(close, params8, params1)
+  @parameterized.named_parameters(
+      ("expert2_fsdp2_tensor2", dict(data=1, fsdp=2, expert=2, tensor=2)),
+      ("expert8", dict(data=1, fsdp=1, expert=8, tensor=1)))
+  def test_other_meshes_equal_one_device(self, shape):
+    one = models.init(CFG, jax.random.key(0))
+    mesh = sh.make_mesh(shape)
+    _check_equal(one, models.place(one, mesh), mesh)
+
+
+def _check_equal(one, placed, mesh):
+  """Logits, and the loss, gradients and parameters after one update, sharded and not."""
+  ids, mask = _batch()
+  want = models.compute_logits(one, ids, mask)
+  ids_s, mask_s = (sh.put(x, sh.named_sharding((sh.BATCH, None), x.shape, mesh, sh.DEFAULT_RULES))
+                   for x in (ids, mask))
+  got = models.compute_logits(placed, ids_s, mask_s)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=0)
+
+  update = jax.jit(_update)
+  loss1, grads1, params1 = update(one, ids, mask)
+  loss8, grads8, params8 = update(placed, ids_s, mask_s)
+  np.testing.assert_allclose(float(loss8), float(loss1), rtol=1e-6)
+  close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=1e-4)
+  jax.tree.map(close, grads8, grads1)
+  jax.tree.map(close, params8, params1)
 
 
 if __name__ == "__main__":

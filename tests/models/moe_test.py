@@ -124,11 +124,20 @@ class ExpertKernelTest(parameterized.TestCase):
         e = experts[n, j]
         h = silu(x[n] @ gate_up[e, :, 0]) * (x[n] @ gate_up[e, :, 1])
         want[n] += weights[n, j] * (h @ down[e])
-    for impl in ("blocked", "ragged"):
-      got = jax.jit(functools.partial(moe.expert_ffn, impl=impl))(x, experts, weights, gate_up, down)
+    for impl in ("blocked", "ragged", "gmm"):  # gmm in Pallas's interpreter off TPU
+      got = jax.jit(functools.partial(moe.expert_ffn, impl=impl, interpret=True))(
+          x, experts, weights, gate_up, down)
       np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5, err_msg=impl)
 
-  def test_blocked_gradient_equals_ragged(self):
+  def test_auto_takes_gmm_on_tpu_blocked_on_cpu(self):
+    self.assertEqual(moe.AUTO_IMPL, {"cpu": "blocked", "gpu": "ragged", "tpu": "gmm"})
+    self.assertEqual(moe.resolve("auto", None), "blocked")  # these tests' CPU
+    self.assertEqual(moe.resolve("gmm", None), "gmm")
+    with self.assertRaisesRegex(ValueError, r"moe_impl='megablox': expected one of"):
+      models.ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
+                         num_heads=1, num_kv_heads=1, head_dim=8, moe_impl="megablox")
+
+  def test_blocked_and_gmm_gradients_equal_ragged(self):
     N, D, F, E, k = 29, 8, 6, 4, 2
     keys = jax.random.split(jax.random.key(1), 4)
     x = jax.random.normal(keys[0], (N, D))
@@ -136,11 +145,13 @@ class ExpertKernelTest(parameterized.TestCase):
     weights = jax.random.uniform(keys[2], (N, k))
     gate_up = 0.3 * jax.random.normal(keys[3], (E, D, 2, F))
     down = 0.3 * jax.random.normal(keys[0], (E, F, D))
-    grads = {impl: jax.grad(lambda *a: jnp.sum(jnp.sin(moe.expert_ffn(*a, impl=impl))),
+    grads = {impl: jax.grad(lambda *a: jnp.sum(jnp.sin(moe.expert_ffn(*a, impl=impl,
+                                                                      interpret=True))),
                             argnums=(0, 2, 3, 4))(x, experts, weights, gate_up, down)
-             for impl in ("blocked", "ragged")}
-    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5),
-                 grads["blocked"], grads["ragged"])
+             for impl in ("blocked", "ragged", "gmm")}
+    for impl in ("blocked", "gmm"):
+      jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5),
+                   grads[impl], grads["ragged"])
 
 
 class RouterLossTest(parameterized.TestCase):
