@@ -34,7 +34,7 @@ from jaxrl_llm.models.transformer import Transformer
 
 __all__ = [
     "Model", "ModelConfig", "abstract_params", "compute_logits", "compute_values", "forward",
-    "from_pretrained", "frozen", "init", "init_cache", "merged", "place", "positions_from_mask",
+    "from_pretrained", "frozen", "frozen_params", "init", "init_cache", "merged", "place", "positions_from_mask",
     "quantize_base", "save_adapter", "save_pretrained", "unembed", "value_model", "with_lora",
 ]
 
@@ -232,16 +232,18 @@ def frozen(model: Model) -> Model:
   bf16 compute. Never an alias of `model`'s arrays (the train state's are donated). Takes
   placed arrays or `jax.ShapeDtypeStruct`s (an abstract model).
   """
-  dt = model.config.jnp_dtype
+  return model.replace(params=frozen_params(model.params, model.config.jnp_dtype))
 
+
+def frozen_params(params, dtype):
+  """`frozen`'s copy of a parameter tree: floating leaves in `dtype` but `FLOAT32_PARAMS`."""
   def one(path, x):
     keep = (not jnp.issubdtype(x.dtype, jnp.floating)
             or any(getattr(k, "key", None) in FLOAT32_PARAMS for k in path))
-    dtype = x.dtype if keep else dt
     if isinstance(x, jax.ShapeDtypeStruct):
-      return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
-    return jnp.copy(x).astype(dtype)
-  return model.replace(params=jax.tree_util.tree_map_with_path(one, model.params))
+      return jax.ShapeDtypeStruct(x.shape, x.dtype if keep else dtype, sharding=x.sharding)
+    return jnp.copy(x).astype(x.dtype if keep else dtype)
+  return jax.tree_util.tree_map_with_path(one, params)
 
 
 def value_model(policy: Model) -> Model:

@@ -7,9 +7,10 @@ v updates (the trainer's state at the start of step v) and `start` is the step t
 started or resumed at. So the staleness `s - version` never exceeds k, and the version
 schedule, hence every number of a run, is fixed by (k, start), not by timing.
 
-The trainer publishes each new version (`publish`): one copy of the policy parameters
-onto the sampler's placement (the rollout mesh of `config.mesh.rollout_devices`, or a copy
-on the shared mesh, since the trainer donates its state). The thread waits for the version
+The trainer publishes each new version (`publish`): one copy of the policy parameters, in
+the compute dtype, onto the sampler's placement (the rollout mesh of
+`config.mesh.rollout_devices`, or a copy on the shared mesh, since the trainer donates its
+state; `setup.Models.sampler_copy`). The thread waits for the version
 it needs, keeps only the versions still to be used, and queues each rollout with the
 version that sampled it (`Rollout.policy_version`). Reward scoring is host code in the same
 thread, so it overlaps with the update too.
@@ -34,7 +35,6 @@ from typing import Any, Callable
 import jax
 
 from jaxrl_llm import models
-from jaxrl_llm import sharding as sh
 
 _POLL_S = 0.1  # how often a waiting thread checks for `close`
 
@@ -93,20 +93,20 @@ class RolloutPipeline:
 
   Args:
     rollouts: `rollout.SampledRollouts`: `rollouts.start(policy, key).finish() -> Rollout`.
-    shardings: where the sampler keeps the trained parameters (`Models.sampler_shardings`).
-    as_policy: trained parameters there -> the `Model` it samples (`Models.on_sampler`).
+    copy: trained parameters -> a copy where the sampler keeps them (`Models.sampler_copy`).
+    as_policy: such a copy -> the `Model` it samples (`Models.on_sampler`).
     start, steps: the first step to sample and the end of the run.
     max_async_level: k >= 1.
     step_key: `step -> PRNG key` (the same keys the synchronous loop uses).
   """
 
-  def __init__(self, rollouts: Callable, shardings, as_policy: Callable[[Any], models.Model], *,
+  def __init__(self, rollouts: Callable, copy: Callable, as_policy: Callable[[Any], models.Model], *,
                start: int, steps: int, max_async_level: int,
                step_key: Callable[[int], jax.Array]):
     self.rollouts, self.as_policy = rollouts, as_policy
     self.start, self.steps, self.k = start, steps, max_async_level
     self.step_key = step_key
-    self.shardings = shardings
+    self.copy = copy
     self._versions: dict[int, Any] = {}
     self._ready = threading.Condition()
     self._out: queue.Queue = queue.Queue()
@@ -124,7 +124,7 @@ class RolloutPipeline:
     afterwards). Versions no step will sample from are skipped."""
     if not any(self.version_for(s) == version for s in range(version, self.steps)):
       return
-    copy = sh.transfer(params, self.shardings)
+    copy = self.copy(params)
     with self._ready:
       self._versions[version] = copy
       self._ready.notify_all()

@@ -71,7 +71,7 @@ class Feed:
     self.pipeline = None
     if plan.max_async_level > 0:
       self.pipeline = async_rollouts.RolloutPipeline(
-          self.source, setup.models.sampler_shardings(), setup.models.on_sampler,
+          self.source, setup.models.sampler_copy, setup.models.on_sampler,
           start=start.step,
           steps=config.train.steps, max_async_level=plan.max_async_level,
           step_key=self.step_key)

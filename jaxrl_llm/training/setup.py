@@ -105,8 +105,9 @@ class Models:
       none); the policy's and critic's trained parameters live in the train state. The
       reference is the initial policy in the compute dtype (`models.frozen`: the same
       outputs in half the memory under bf16 compute), or with LoRA the frozen base.
-    rollout_policy: with split placement (`config.mesh.rollout_devices`), the policy placed
-      on the sampler's own mesh (a copy of the initial parameters); None otherwise.
+    rollout_policy: with split placement (`config.mesh.rollout_devices`), the policy's
+      layout on the sampler's own mesh (shapes and shardings: the sampler gets a copy of
+      the trained parameters, `sampler_copy`); None otherwise.
     teacher: the frozen teacher (`config.teacher.path`), sharded like the policy, in the
       compute dtype (`models.frozen`); None without one.
     base: with LoRA (`config.lora`), the policy's frozen parameters (all but the adapters,
@@ -138,21 +139,29 @@ class Models:
     shardings = jax.tree.map(lambda x: x.sharding, where.params)
     return shardings if self.base is None else lora.split(shardings)[1]
 
+  def sampler_copy(self, params):
+    """A copy of the trained `params` where the sampler keeps them (`sampler_shardings`;
+    one copy across meshes, `sharding.transfer`), in the compute dtype (`models.frozen`:
+    the decode casts every weight to it anyway, so it samples the same tokens from half
+    the bytes); with LoRA the adapters alone, as they are (they merge in float32)."""
+    if self.base is None:
+      params = models.frozen_params(params, self.policy.config.jnp_dtype)
+    return sh.transfer(params, self.sampler_shardings())
+
   def on_sampler(self, params) -> models.Model:
     """The policy the sampler runs, from trained `params` already on its devices
-    (`sampler_shardings`)."""
+    (`sampler_copy`)."""
     if self.rollout_policy is None:
       return self.trained_policy(params)
     return self.rollout_policy.replace(
         params=params if self.rollout_base is None else lora.join(self.rollout_base, params))
 
   def sampling_policy(self, params) -> models.Model:
-    """The policy with `params` where the sampler runs: on the rollout mesh (one copy
-    across meshes, `sharding.transfer`; with LoRA the adapters alone) with split
-    placement, else as it is."""
+    """The policy with `params` where the sampler runs: a copy on the rollout mesh with
+    split placement (`sampler_copy`), else as it is."""
     if self.rollout_policy is None:
       return self.trained_policy(params)
-    return self.on_sampler(sh.transfer(params, self.sampler_shardings()))
+    return self.on_sampler(self.sampler_copy(params))
 
 
 @dataclasses.dataclass
@@ -198,11 +207,12 @@ def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
   base = lora.split(policy.params)[0] if cfg.has_lora else None
   base_model = None if base is None else policy.replace(params=base, config=cfg.without_lora())
   rollout_policy = reference = value = teacher = rollout_base = None
-  if rollout_mesh is not None:
-    rollout_policy = (models.Model(models.abstract_params(cfg, rollout_mesh, rules), cfg,
-                                   rollout_mesh, rules) if abstract
-                      else models.place(policy, rollout_mesh, rules))
+  if rollout_mesh is not None:  # the layout only: the sampler gets copies (`sampler_copy`)
+    rollout_policy = models.Model(models.abstract_params(cfg, rollout_mesh, rules), cfg,
+                                  rollout_mesh, rules)
     rollout_base = None if base is None else lora.split(rollout_policy.params)[0]
+    if base is not None and not abstract:  # LoRA's frozen base, placed there once
+      rollout_base = sh.transfer(base, jax.tree.map(lambda x: x.sharding, rollout_base))
   if plan.reference:  # the policy as it starts, in the compute dtype (`models.frozen`)
     reference = base_model if base is not None else models.frozen(policy)
   if plan.value_model:  # a critic trains every weight: a float copy of the policy's backbone
