@@ -295,11 +295,11 @@ def cache_attention(q_BTKGd, layer_cache: dict, valid_BS, cache_index):
   if isinstance(cache_index, kv_cache.PagedIndex):
     return paged_attention(q_BTKGd, layer_cache, valid_BS, cache_index)
   B, T, K, G, d = q_BTKGd.shape
-  s_BKGTS = kv_cache.scores(layer_cache, q_BTKGd.transpose(0, 2, 3, 1, 4))
+  s_BKGTS = kv_cache.scores(layer_cache, q_BTKGd.transpose(0, 2, 3, 1, 4), cache_index)
   mask_BTS = _causal_mask(valid_BS, T, s_BKGTS.shape[-1], q_offset=cache_index)
   s_BKGTS = jnp.where(mask_BTS[:, None, None], s_BKGTS * d ** -0.5, MASKED)
   p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(q_BTKGd.dtype)  # softmax in float32
-  return kv_cache.mix(layer_cache, p_BKGTS).transpose(0, 3, 1, 2, 4)
+  return kv_cache.mix(layer_cache, p_BKGTS, cache_index).transpose(0, 3, 1, 2, 4)
 
 
 def paged_attention(q_BTKGd, layer_cache: dict, valid_BS, index):
@@ -310,36 +310,42 @@ def paged_attention(q_BTKGd, layer_cache: dict, valid_BS, index):
   Each group of slots (`index.groups`) reads the first `index.read_pages[branch]` pages of
   its slots' block tables, a plain gather: every branch of the switch has its own static
   size, so a group reads about its longest live sequence, not the table's full length.
-  `valid_BS` marks the earlier tokens in the table's pages, [B, PP * Q]. Returns
-  [B, 1, K, G, d].
+  The pages are the layer cache's, or this layer's of the stacked pool in `index.pool`
+  (the layer cache then holds its 'layer'). `valid_BS` marks the earlier tokens in the
+  table's pages, [B, PP * Q]. Returns [B, 1, K, G, d].
   """
+  from jaxrl_llm.models import kv_cache  # pylint: disable=g-import-not-at-top
   B, T, K, G, d = q_BTKGd.shape
   if T != 1:
     raise ValueError(f"paged attention decodes one token per slot, got {T}")
   dt = q_BTKGd.dtype
-  Q = layer_cache["pages_k"].shape[-1]
+  pages, layer = (index.pool, layer_cache["layer"]) if "layer" in layer_cache else (
+      layer_cache, None)
+  k_name, v_name = kv_cache.page_names(pages)
+  token_major = kv_cache.page_layout(pages) == "slot_major"  # else [NP, K, Dh|Q, Q|Dh]
+  Q = pages[v_name].shape[-3 if token_major else -2]
+  k_eqn, v_eqn = (("bKGd,bnQKd->bKGnQ", "bKGnQ,bnQKd->bKGd") if token_major else
+                  ("bKGd,bnKdQ->bKGnQ", "bKGnQ,bnKQd->bKGd"))
 
   def read(n: int):
-    def attend(q_bKGd, pages_k, pages_v, table_bP, valid_bS, k_bKd, v_bKd):
+    def attend(q_bKGd, pages_k, pages_v, layer, table_bP, valid_bS, k_bKd, v_bKd):
       b = q_bKGd.shape[0]
-      table_bn = table_bP[:, :n]
-      k_bnKdQ, v_bnKQd = pages_k[table_bn].astype(dt), pages_v[table_bn].astype(dt)
-      s_bKGnQ = jnp.einsum("bKGd,bnKdQ->bKGnQ", q_bKGd, k_bnKdQ,
-                           preferred_element_type=jnp.float32)
+      at = table_bP[:, :n] if layer is None else (layer, table_bP[:, :n])
+      k_pages, v_pages = pages_k[at].astype(dt), pages_v[at].astype(dt)  # [b, n, ...]
+      s_bKGnQ = jnp.einsum(k_eqn, q_bKGd, k_pages, preferred_element_type=jnp.float32)
       valid_b11nQ = valid_bS[:, :n * Q].reshape(b, 1, 1, n, Q) > 0
       s_bKGS = jnp.where(valid_b11nQ, s_bKGnQ * d ** -0.5, MASKED).reshape(b, K, G, n * Q)
       self_bKG1 = jnp.einsum("bKGd,bKd->bKG", q_bKGd, k_bKd.astype(dt),
                              preferred_element_type=jnp.float32)[..., None] * d ** -0.5
       p_bKGS = jax.nn.softmax(jnp.concatenate([s_bKGS, self_bKG1], axis=-1), axis=-1).astype(dt)
-      out_bKGd = jnp.einsum("bKGnQ,bnKQd->bKGd", p_bKGS[..., :-1].reshape(b, K, G, n, Q),
-                            v_bnKQd)
+      out_bKGd = jnp.einsum(v_eqn, p_bKGS[..., :-1].reshape(b, K, G, n, Q), v_pages)
       return out_bKGd + p_bKGS[..., -1:] * v_bKd[:, :, None].astype(dt)
     return attend
 
   branches = [read(n) for n in index.read_pages]
   k_BKd, v_BKd = layer_cache["new_k"][:, :, 0], layer_cache["new_v"][:, :, 0]
   outs = [jax.lax.switch(index.read_branch[g], branches, q_BTKGd[lo:hi, 0],
-                         layer_cache["pages_k"], layer_cache["pages_v"],
+                         pages[k_name], pages[v_name], layer,
                          index.block_table[lo:hi], valid_BS[lo:hi], k_BKd[lo:hi], v_BKd[lo:hi])
           for g, (lo, hi) in enumerate(index.groups)]
   return jnp.concatenate(outs, axis=0)[:, None]

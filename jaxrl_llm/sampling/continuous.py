@@ -25,6 +25,28 @@ A request draws its tokens from its own keys (`choose.request_keys`): its comple
 not depend on its slot, its neighbours or when it started, and equals the static engine's
 for the same key. A step computes all M slots (fixed shapes); empty slots write to a page
 nobody reads and record nothing.
+
+Pallas kernels (not used). jax's TPU decode kernels, `ragged_paged_attention` (vLLM-TPU's:
+pages [NP, Q, 2K (keys and values interleaved), Dh]) and `paged_attention` (pages
+[K, NP, Q, Dh] for keys and for values), DMA a sequence's pages straight into VMEM. For the
+Qwen3-1.7B recipe's per-chip shapes (32 slots x 28 pages of 32 tokens, 4 KV heads), one
+layer's decode attention compiled by XLA:TPU for one v5e chip moves 204 MB with the gather
+here (`aot.hlo_cost`; 292 MB with slot-minor pages) and 59 MB with either kernel (the
+pages they DMA, plus queries and outputs): about 4.1 GB less per decode step of the 8.4 GB
+`launch.compile` counts. At 128 slots that does
+not make the engine beat the static one (modelled from those figures, 256 requests: every
+completion at 512 tokens, 4.4 s vs 3.0; lengths uniform in [1, 512], 3.2 vs 2.9; a long
+tail of median 180, 2.8 vs 3.0); with as many slots as requests, about 2.0-2.7 s. Using one
+needs what this engine does not have: (1) a sequence's tokens contiguous from its first
+page's first slot (the kernels take a length, no per-slot mask): prompts left-aligned, not
+left-padded, and a prompt's last, partial page copied into each of its G requests' first
+own page; (2) the step's new key and value in the pool before the kernel reads it (it
+returns no log-sum-exp to add it after): a write inside each layer, so the layer scan must
+carry the pool (a `transformer` change) and the pool flattened to [L * NP, ...] with page
+ids offset by layer, as a layer's slice passed to a kernel is copied; (3) a `shard_map`
+over the KV heads' tensor split; (4) a `cost_estimate` for `launch.compile`, which counts a
+kernel without one as all its operands (the whole pool); block sizes passed explicitly,
+and the default device set to the TPU, for a compile-only host.
 """
 from __future__ import annotations
 
@@ -165,12 +187,16 @@ def continuous_program(model: models.Model, pool, tokens_PS, mask_PS, budget_R, 
   pages = jax.tree.map(lambda x: jax.sharding.PartitionSpec(*((None,) * (x.ndim - 4)), axes),
                        pool)
 
+  # Decided here, where the model's mesh says where it runs (the pool is laid out for it):
+  # the local model below has none, and would get the tuning of the host's default devices.
+  tune = decode.tuning(model)
+
   def one_shard(params, pool, tokens_PS, mask_PS, budget_R, key):
     local = model.replace(params=params, mesh=None, rules=None)
     first = jax.lax.axis_index(axes) * budget_R.shape[0]
     keys_R = choose.request_keys(key, budget_R.shape[0], first)
     out, pool, stats = _engine(local, pool, tokens_PS, mask_PS, budget_R, keys_R,
-                               engine_slots(s, R, shards), s)
+                               engine_slots(s, R, shards), s, tune)
     return out, pool, {"steps": jax.lax.pmax(stats["steps"], axes),
                        "peak_pages": jax.lax.psum(stats["peak_pages"], axes)}
 
@@ -182,20 +208,24 @@ def continuous_program(model: models.Model, pool, tokens_PS, mask_PS, budget_R, 
 
 
 def _engine(model: models.Model, pool, tokens_PS, mask_PS, budget_R, keys_R, M: int,
-            s: SamplingSettings):
-  """One engine of M slots over `pool` for the P prompts' R = P*G requests (keys `keys_R`)."""
+            s: SamplingSettings, tune: decode.DecodeTuning | None = None):
+  """One engine of M slots over `pool` for the P prompts' R = P*G requests (keys `keys_R`;
+  `tune`: the decode tuning, default `model`'s)."""
   P, S0 = tokens_PS.shape
   G, N, Q = s.num_samples, s.max_new_tokens, s.page_size
   R = P * G
   SP, OWN = S0 // Q, -(-N // Q)  # pages of a prompt, most own pages of a slot
   unrolled = isinstance(pool, tuple)
-  model, tune = decode.decode_model(model, s, unrolled)
+  model, own_tune = decode.decode_model(model, s, unrolled)
+  tune = tune or own_tune
 
   prompt_cache, logits_PV, positions_PS = decode.prefill(model, tokens_PS, mask_PS, tune, unrolled)
   pool = kv_cache.put_pages(pool, kv_cache.as_pages(prompt_cache, Q))  # prompt p: pages p*SP...
   first_own, spare = P * SP, P * SP + M * OWN  # own pages [first_own, spare), one spare page
   next_position_P = positions_PS[:, -1] + 1
   sizes = read_sizes(OWN)
+  # The TPU's layout: the layer scan reads the stacked pool in place (`kv_cache.PagedIndex`).
+  in_place = not unrolled and tune.key_layout == "slot_major"
 
   def admit(st: _State) -> _State:
     """Empty slots take the next requests and choose their first token."""
@@ -250,9 +280,11 @@ def _engine(model: models.Model, pool, tokens_PS, mask_PS, budget_R, keys_R, M: 
         index = kv_cache.PagedIndex(
             block_table=table_MP[at_b],
             read_branch=jnp.searchsorted(jnp.asarray(sizes), longest_g).astype(jnp.int32),
-            read_pages=tuple(SP + n for n in sizes), groups=groups)
+            read_pages=tuple(SP + n for n in sizes), groups=groups,
+            pool=pool if in_place else None)
+        cache = kv_cache.pool_layers(model.config.num_layers) if in_place else pool
         logits_b1V, cache = decode.forward(model, st.slot_token[at_b][:, None],
-                                           positions_M[at_b][:, None], valid_MS[at_b], pool,
+                                           positions_M[at_b][:, None], valid_MS[at_b], cache,
                                            index, tune=tune)
         token_b, logp_b = choose.choose_tokens(logits_b1V[:, 0], keys_M[at_b], s)
         # Back in slot order, for all M slots (the others write to the spare page).

@@ -80,7 +80,7 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, budget_B, ke
   prompt_cache, logits_PV, positions_PS, *prompt_routing = decode.prefill(
       model, tokens_PS, mask_PS, tune, unrolled, with_router=cfg.is_moe)
   if model.mesh is not None:
-    own = kv_cache.shapes(model.config, B, N)
+    own = kv_cache.shapes(model.config, B, N, tune.key_layout)
     cache = jax.lax.with_sharding_constraint(cache, _cache_shardings(model, own, unrolled))
   cache = kv_cache.with_shared_prefix(prompt_cache, cache)
   kv_mask_BS = jnp.zeros((B, S), jnp.int32).at[:, :S0].set(jnp.repeat(mask_PS, G, axis=0))
@@ -194,16 +194,7 @@ class Sampler:
     `jax.ShapeDtypeStruct`s and live on devices this host does not have (`launch.compile`
     compiles it for a TPU slice)."""
     length = self._padded_length(model, prompt_len)
-    want, unrolled, shards = self._cache_layout(model, num_prompts, length)
-    stacked = want[0] if unrolled else want
-    if unrolled:
-      stacked = {k: (model.config.num_layers,) + v for k, v in stacked.items()}
-    as_structs = lambda shapes: {k: jax.ShapeDtypeStruct(v, model.config.jnp_dtype)
-                                 for k, v in shapes.items()}
-    cache = tuple(map(as_structs, want)) if unrolled else as_structs(want)
-    if model.mesh is not None:
-      cache = jax.tree.map(lambda x, where: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where),
-                           cache, _cache_shardings(model, stacked, unrolled, shards))
+    cache = self.cache_structs(model, num_prompts, prompt_len)
     rows = num_prompts * self.settings.num_samples
     placed = lambda shape, names: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=None if (
         model.mesh is None) else sh.named_sharding(names, shape, model.mesh, model.rules))
@@ -213,6 +204,23 @@ class Sampler:
     return self._program.lower(model, cache, placed((num_prompts, length), (sh.BATCH, sh.SEQ)),
                                placed((num_prompts, length), (sh.BATCH, sh.SEQ)),
                                placed((rows,), (sh.BATCH,)), key)
+
+  def cache_structs(self, model: models.Model, num_prompts: int, prompt_len: int):
+    """The KV buffers a call for `num_prompts` prompts padded to `prompt_len`'s bucket
+    keeps, as `jax.ShapeDtypeStruct`s placed where the program wants them (nothing is
+    allocated)."""
+    length = self._padded_length(model, prompt_len)
+    want, unrolled, shards = self._cache_layout(model, num_prompts, length)
+    stacked = want[0] if unrolled else want
+    if unrolled:
+      stacked = {k: (model.config.num_layers,) + v for k, v in stacked.items()}
+    as_structs = lambda shapes: {k: jax.ShapeDtypeStruct(v, model.config.jnp_dtype)
+                                 for k, v in shapes.items()}
+    cache = tuple(map(as_structs, want)) if unrolled else as_structs(want)
+    if model.mesh is None:
+      return cache
+    return jax.tree.map(lambda x, where: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where),
+                        cache, _cache_shardings(model, stacked, unrolled, shards))
 
   def _padded_length(self, model: models.Model, longest: int) -> int:
     """The prompt length a call pads to: the bucket of its longest prompt (the continuous
@@ -228,11 +236,13 @@ class Sampler:
     s = self.settings
     unrolled, shards = decode.unrolls_layers(s, model), 1
     if self.engine(model) == "static":
-      want = kv_cache.shapes(model.config, num_prompts * s.num_samples, s.max_new_tokens)
+      want = kv_cache.shapes(model.config, num_prompts * s.num_samples, s.max_new_tokens,
+                             decode.tuning(model).key_layout)
     else:
       shards = continuous.batch_shards(model, num_prompts)[1]
       want = kv_cache.page_shapes(model.config, continuous.pool_pages(num_prompts, length, s,
-                                                                      shards), s.page_size)
+                                                                      shards), s.page_size,
+                                  decode.tuning(model).key_layout)
     if unrolled:
       want = tuple({k: v[1:] for k, v in want.items()} for _ in range(model.config.num_layers))
     return want, unrolled, shards
@@ -301,13 +311,15 @@ def _cache_shardings(model: models.Model, stacked: dict, unrolled: bool, shards:
   """Where the kept KV buffers live (shapes `stacked`): stacked, or one dict per layer
   (`shards`: the continuous engines whose parts of the page pool lie on their own devices)."""
   cfg = model.config
-  if "k" in stacked:  # the rows' own buffers: [L, B, K, Dh, N]
-    shardings = kv_cache.cache_shardings(cfg, stacked["k"][1], stacked["k"][-1], model.mesh,
-                                         model.rules)
+  if "v" in stacked:  # the rows' own buffers: values [L, B, K, N, Dh]
+    shardings = kv_cache.cache_shardings(cfg, stacked["v"][1], stacked["v"][-2], model.mesh,
+                                         model.rules, kv_cache.key_layout(stacked))
   else:  # the page pool: split over the data shards' engines, if any
-    _, pages, _, _, Q = stacked["pages_k"]
-    shardings = kv_cache.page_shardings(cfg, pages, Q, model.mesh, model.rules,
-                                        sharded=shards > 1)
+    layout = kv_cache.page_layout(stacked)
+    values = stacked[kv_cache.PAGE_LAYOUTS[layout][1]]  # [L, NP, K, Q, Dh] or [L, NP, Q, K, Dh]
+    Q = values[3] if layout == "slot_minor" else values[2]
+    shardings = kv_cache.page_shardings(cfg, values[1], Q, model.mesh, model.rules,
+                                        sharded=shards > 1, key_layout=layout)
   return decode.per_layer_shardings(shardings, cfg.num_layers) if unrolled else shardings
 
 

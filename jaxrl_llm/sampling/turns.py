@@ -164,7 +164,8 @@ class TurnSampler:
     cfg = model.config
     unrolled = decode.unrolls_layers(self.settings, model)
     self.max_columns = self.initial_columns
-    cache = kv_cache.init_cache(cfg, rows, self.max_columns, cfg.jnp_dtype)
+    cache = kv_cache.init_cache(cfg, rows, self.max_columns, cfg.jnp_dtype,
+                                decode.tuning(model).key_layout)
     if unrolled:
       cache = decode.per_layer(cache)
     self.state = TurnState(cache=cache, kv_mask_BW=jnp.zeros((rows, self.max_columns), jnp.int32),
@@ -207,13 +208,11 @@ class TurnSampler:
     return jax.device_get(out)
 
   def _grow(self, columns: int) -> None:
-    """More cache columns, zeros after the used ones (keys' columns are their last axis,
-    values' the one before)."""
+    """More cache columns, zeros after the used ones."""
     extra = columns - self.max_columns
-    pad = lambda x, axis: jnp.pad(x, [(0, extra if a == x.ndim + axis else 0)
-                                      for a in range(x.ndim)])
-    grow = lambda c: {"k": pad(c["k"], -1), "v": pad(c["v"], -2)}
+    grow = lambda c: kv_cache.pad_slots(c, extra)
     cache = self.state.cache
     cache = tuple(grow(c) for c in cache) if isinstance(cache, tuple) else grow(cache)
-    self.state = self.state.replace(cache=cache, kv_mask_BW=pad(self.state.kv_mask_BW, -1))
+    self.state = self.state.replace(
+        cache=cache, kv_mask_BW=jnp.pad(self.state.kv_mask_BW, ((0, 0), (0, extra))))
     self.max_columns = columns
