@@ -22,7 +22,7 @@ Expected result: not measured (no accelerator and no Qwen3-8B weights here).
 from jaxrl_llm import config as config_lib
 
 DENSE = config_lib.presets.load_module("qwen3_gsm8k")
-HARDWARE = ("tpu_v5p_32", "tpu_v5p_32x2")
+HARDWARE = ("tpu_v5p_32", "tpu_v5p_32x2", "qlora_v5e_8")
 # Qwen/Qwen3-8B config.json.
 QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
                 num_kv_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False)
@@ -34,13 +34,26 @@ def get_config(arg=None):
   if arg.runlocal:  # a tiny Qwen3 from the arch, for a CPU
     return config
   config.model.arch.update(QWEN3_8B)
+  t = config.train
+  if arg.qlora_v5e_8:  # adapters over an int8 base, tensor-parallel over one v5e host
+    config.lora.update(rank=16, alpha=32.0, targets="all", base_quant="int8")
+    config.optimizer.lr = 1e-5  # adapters take a larger step (docs/lora.md)
+    config.mesh.update(data=1, fsdp=1, expert=1, tensor=8, topology="v5e:2x4")
+    t.prompts_per_step, t.micro_batch_size, t.logprob_chunk_size = 16, 16, 128
+    config.sampling.max_new_tokens = 1024
+    return _schedule(config)
   slices = 2 if arg.tpu_v5p_32x2 else 1
   config.mesh.update(data=-1, fsdp=16, expert=1, tensor=1, topology="v5p:2x2x4",
                      num_slices=slices)
-  t = config.train
   t.prompts_per_step, t.micro_batch_size, t.logprob_chunk_size = 128 * slices, 64, 256
+  config.sampling.max_new_tokens = 1024
+  return _schedule(config)
+
+
+def _schedule(config):
+  """Steps for about two epochs of GSM8K, ten evaluations and checkpoints."""
+  t = config.train
   t.steps = DENSE.TRAIN_PROMPTS // t.prompts_per_step
   t.eval_every = t.steps // 10
   config.checkpoint.every = t.eval_every
-  config.sampling.max_new_tokens = 1024
   return config

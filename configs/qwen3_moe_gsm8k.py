@@ -39,6 +39,15 @@ QWEN3_30B_A3B = dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size
                      num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True)
 
 
+def shard_embed_over_experts(config) -> None:
+  """The weights without an expert dimension (attention, embeddings, norms) split their
+  `embed` dimension over fsdp x expert, every chip, instead of fsdp alone: an expert
+  weight's expert dimension takes the expert axis first, so it stays over fsdp (a mesh
+  axis shards an array once)."""
+  config.mesh.rules = tuple((name, ("fsdp", "expert") if name == "embed" else axes)
+                            for name, axes in config.mesh.rules)
+
+
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, runlocal=False, tpu_v5p_64=True)
   config = DENSE.get_config("runlocal" if arg.runlocal else "tpu_v5p_32")

@@ -14,6 +14,9 @@ beside it, the peak against the chip's HBM, FLOPs and HBM bytes per chip (every 
 counted its number of times), and a roofline time; then the step's roofline and the MFU
 bound it implies. The last line is JSON (`analysis.StepReport.to_json`).
 
+`--search` first compiles the update programs for every micro-batch and remat policy and
+reports the step with the fastest combination that fits (`aot.search`).
+
 Exit status: 0 when every program fits (with `--margin`: leaving that share of HBM free);
 3 when one does not (named, with the shortfall and what to change); 2 for a bad flag, a
 bad topology name, or a mesh that does not match the topology's chips (one line).
@@ -40,6 +43,8 @@ _MARGIN = flags.DEFINE_float("margin", 0.0, "The share of HBM every program must
                              "fit (0.1: 10%).")
 _PROGRAMS = flags.DEFINE_list("programs", [], "Compile only these (sampler, turn, eval_sampler, "
                               "prepare, policy_update, value_update); default: all.")
+_SEARCH = flags.DEFINE_bool("search", False, "First try every micro-batch and remat policy, then "
+                            "report the step with the fastest that fits (aot/search.py).")
 flags.mark_flags_as_required(["config"])
 GIB = 2 ** 30
 EXIT_DOES_NOT_FIT = 3
@@ -51,7 +56,7 @@ def main(argv):
   # pylint: disable=g-import-not-at-top  (after flag parsing)
   from jaxrl_llm import config as config_lib
   from jaxrl_llm import training
-  from jaxrl_llm.aot import analysis, chips, report
+  from jaxrl_llm.aot import analysis, chips, report, search
   config = _CONFIG.value
   topology = _TOPOLOGY.value or config.mesh.topology
   slices = _NUM_SLICES.value or config.mesh.num_slices
@@ -67,6 +72,17 @@ def main(argv):
   except (chips.TopologyError, config_lib.ConfigError) as e:
     command_line.usage_error(" ".join(str(e).split()), flags_help=False)
   name = topology + (f" x {slices} slices" if slices > 1 else "")
+  if _SEARCH.value:
+    candidates = search.search(config, devices, name, _MARGIN.value)
+    chosen = search.best(candidates)
+    print(search.table(candidates, chosen) + "\n")
+    if chosen is not None:
+      print(f"fastest that fits: --config.train.micro_batch_size={chosen.micro_batch_size} "
+            f"--config.model.remat={chosen.remat}\n")
+      with config.unlocked():
+        config.train.micro_batch_size, config.model.remat = chosen.micro_batch_size, chosen.remat
+      plan = training.make_plan(config)
+      setup = training.set_up(config, plan, devices, abstract=True)
   result = analysis.analyse(config, plan, setup, name, _MARGIN.value, tuple(_PROGRAMS.value))
   print(report.text(result, config, chips.describe(devices)))
   print(json.dumps(result.to_json()))

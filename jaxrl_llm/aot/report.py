@@ -9,7 +9,8 @@ GIB = 2 ** 30
 # The resident buffers' names as the report prints them.
 _LABELS = {"policy": "policy", "optimizer": "optimizer", "value": "critic + its optimizer",
            "reference": "reference", "base": "frozen base", "teacher": "teacher",
-           "rollout_policy": "sampler's policy", "kv_cache": "KV cache",
+           "sampler_policy": "sampler's copy of the policy", "sampler_base": "sampler's base",
+           "kv_cache": "KV cache",
            "eval_kv_cache": "eval KV cache", "batch": "step's batch"}
 
 

@@ -65,27 +65,12 @@ def bytes_per_chip(tree) -> int:
              for x in jax.tree.leaves(tree))
 
 
-def _structs(shapes, dtype, shardings) -> dict:
-  return {k: jax.ShapeDtypeStruct(v, dtype, sharding=shardings[k]) for k, v in shapes.items()}
-
-
 def _settings(config, cfg, greedy: bool = False) -> sampling.SamplingSettings:
   """The sampler's settings as the trainer makes them (the stop ids do not change a
   program's shapes)."""
   eos = tuple(e for e in np.atleast_1d(cfg.eos_token_id) if e is not None)
   return rollout_lib.sampling_settings(config.sampling, tuple(int(e) for e in eos),
                                        int(cfg.pad_token_id or 0), greedy=greedy)
-
-
-def _sampler_cache(model: models.Model, settings, prompts: int, prompt_len: int) -> dict:
-  """The KV buffers a `Sampler` keeps between calls, as shapes on `model`'s mesh."""
-  sampler = sampling.Sampler(settings)
-  length = sampler._padded_length(prompt_len)  # pylint: disable=protected-access
-  want, unrolled, shards = sampler._cache_layout(model, prompts, length)  # pylint: disable=protected-access
-  if unrolled:  # one buffer per layer (a CPU's decode): the same bytes as stacked
-    want = {k: (model.config.num_layers,) + v for k, v in want[0].items()}
-  where = sampling.sampler._cache_shardings(model, want, False, shards)  # pylint: disable=protected-access
-  return _structs(want, model.config.jnp_dtype, where)
 
 
 def resident_buffers(config, plan: Plan, setup: Setup) -> dict[str, tuple[str, int]]:
@@ -104,18 +89,32 @@ def resident_buffers(config, plan: Plan, setup: Setup) -> dict[str, tuple[str, i
     out["base"] = (TRAINER, bytes_per_chip(m.base))
   if m.teacher is not None:
     out["teacher"] = (TRAINER, bytes_per_chip(m.teacher.params))
-  if split:
-    out["rollout_policy"] = (SAMPLER, bytes_per_chip(m.rollout_policy.params))
+  if split or plan.max_async_level > 0:  # copies the sampler samples from (`sampler_copy`)
+    out["sampler_policy"] = (SAMPLER if split else TRAINER, max(1, plan.max_async_level)
+                             * bytes_per_chip(sampler_params(setup)))
+  if split and m.rollout_base is not None:
+    out["sampler_base"] = (SAMPLER, bytes_per_chip(m.rollout_base))
   if plan.completions == "sample" and not _multi_turn(plan):
     sampler_model = m.rollout_policy if split else m.policy
     out["kv_cache"] = (SAMPLER if split else TRAINER, bytes_per_chip(
-        _sampler_cache(sampler_model, _settings(config, cfg), P, S0)))
+        sampling.Sampler(_settings(config, cfg)).cache_structs(sampler_model, P, S0)))
   if config.train.eval_every > 0 and not _multi_turn(plan):
     out["eval_kv_cache"] = (TRAINER, bytes_per_chip(
-        _sampler_cache(m.policy, _settings(config, cfg, greedy=True), P, S0)))
+        sampling.Sampler(_settings(config, cfg, greedy=True)).cache_structs(m.policy, P, S0)))
   if plan.updates_per_step > 1:  # the step's batch waits while its minibatches are taken
     out["batch"] = (TRAINER, bytes_per_chip(prepared_batch(config, plan, setup)))
   return out
+
+
+def sampler_params(setup: Setup):
+  """The copy of the trained parameters the sampler gets with split placement or
+  asynchronous rollouts (`setup.Models.sampler_copy`), as shapes."""
+  m = setup.models
+  params = setup.layout.policy_params
+  if m.base is None:
+    params = models.frozen_params(params, m.policy.config.jnp_dtype)
+  return jax.tree.map(lambda x, where: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where),
+                      params, m.sampler_shardings())
 
 
 def _multi_turn(plan: Plan) -> bool:
@@ -227,17 +226,19 @@ def _sampler_programs(config, plan: Plan, setup: Setup, step_flops: dict) -> lis
   P, S0 = config.train.prompts_per_step, max(config.sampling.prompt_buckets)
   cfg = m.policy.config
   split = m.rollout_policy is not None
+  copied = split or plan.max_async_level > 0  # sampled from a copy, else from the state
   programs = []
   if _multi_turn(plan):
     programs.append(_turn_program(config, plan, setup, step_flops))
   elif plan.completions == "sample":
     settings = _settings(config, cfg)
-    model = m.on_sampler(layout.policy_params) if not split else m.rollout_policy
+    model = m.on_sampler(sampler_params(setup) if copied else layout.policy_params)
     sampler = sampling.Sampler(settings, config.sampling.prompt_buckets)
+    arguments = (("sampler_policy", "sampler_base" if split else "base", "kv_cache") if copied
+                 else ("policy", "base", "kv_cache"))
     programs.append(StepProgram(
         "sampler", SAMPLER if split else TRAINER,
-        functools.partial(sampler.lower_shapes, model, P, S0),
-        ("rollout_policy", "kv_cache") if split else ("policy", "base", "kv_cache"), 1,
+        functools.partial(sampler.lower_shapes, model, P, S0), arguments, 1,
         _decode_steps(settings, model, P), step_flops["sample"]))
   if config.train.eval_every > 0 and not _multi_turn(plan):
     greedy = _settings(config, cfg, greedy=True)

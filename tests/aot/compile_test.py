@@ -105,10 +105,18 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertEqual({d.slice_index for d in data[data.shape[0] // 2:].flat}, {1})
     self.assertTrue(slices.all_fit)
 
-  def test_cli_reports_every_program_and_exits_0_when_it_fits(self):
+  def test_cli_searches_reports_every_program_and_exits_0_when_it_fits(self):
+    # 2 prompts x G 4 = 8 rows over 4 batch shards: micro-batches 8 and 4, three remats.
     run = compile_cli("--config=grpo", "--topology=v5e:2x2", "--config.model.dtype=bfloat16",
-                      "--config.train.eval_every=2")
+                      "--config.train.eval_every=2", "--config.train.prompts_per_step=2",
+                      "--config.sampling.num_samples=4", "--config.train.micro_batch_size=4",
+                      "--search")
     self.assertEqual(run.returncode, 0, run.stderr[-3000:])
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| 8") or
+            line.startswith("| 4")]
+    self.assertEqual(len(rows), 6, run.stdout)  # every micro-batch x remat, compiled
+    self.assertEqual(sum("(best)" in r for r in rows), 1)
+    self.assertIn("fastest that fits: --config.train.micro_batch_size=", run.stdout)
     last = json.loads(run.stdout.strip().splitlines()[-1])
     self.assertEqual(set(last), {"topology", "chip", "hbm_bytes", "programs", "step_roofline_s",
                                  "mfu_bound", "fits"})

@@ -1,0 +1,47 @@
+r"""GRPO on GSM8K with Qwen3-32B on a TPU v5p-128 slice, the sampler on the same chips or
+on chips of its own.
+
+configs/qwen3_gsm8k.py's recipe (the GRPO axes, Qwen3's chat template, the GSM8K rewards,
+bf16 compute over float32 master weights, full remat) at 32B: 64 layers, hidden 5120, MLP
+25600, 64 query and 8 KV heads of 128, vocab 151,936, untied: 32.8B parameters. 1,024
+new tokens, 256 prompts x G 8 per step.
+
+Set-up as configs/qwen3_gsm8k.py (hf download Qwen/Qwen3-32B). Run: the model and the
+data are yours to name:
+  jaxrl-llm-train --config=qwen3_32b_gsm8k --workdir=gs://BUCKET/runs/q32 \
+      --config.model.path=gs://BUCKET/models/Qwen3-32B \
+      --config.data.source="jsonl:gs://BUCKET/data/gsm8k/{split}.jsonl"
+Check it first, on any machine: python -m launch.compile --config=qwen3_32b_gsm8k
+Hardware: a v5p-128 slice, 64 chips of 95 GiB on 16 hosts. tpu_v5p_128 (the default)
+shares every chip between the sampler and the trainer (fsdp 16 x tensor 4); split gives
+the sampler 16 chips of its own (tensor-parallel within each host's, data-parallel over
+the hosts) and the trainer the other 48 (fsdp 12 x tensor 4), sampling one step ahead
+(`algo.max_async_level=1`) so that the two overlap.
+Expected result: not measured (no accelerator and no Qwen3-32B weights here).
+"""
+from jaxrl_llm import config as config_lib
+
+DENSE = config_lib.presets.load_module("qwen3_gsm8k")
+HARDWARE = ("tpu_v5p_128", "split")
+# Qwen/Qwen3-32B config.json.
+QWEN3_32B = dict(hidden_size=5120, intermediate_size=25600, num_layers=64, num_heads=64,
+                 num_kv_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False)
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, runlocal=False, **{h: False for h in HARDWARE})
+  config = DENSE.get_config("runlocal" if arg.runlocal else "tpu_v5p_32")
+  if arg.runlocal:  # a tiny Qwen3 from the arch, for a CPU
+    return config
+  config.model.arch.update(QWEN3_32B)
+  config.mesh.update(data=-1, fsdp=16, expert=1, tensor=4, topology="v5p:4x4x4")
+  if arg.split:
+    config.mesh.update(fsdp=8, rollout_devices=32)
+    config.algo.max_async_level = 1
+  t = config.train
+  t.prompts_per_step, t.micro_batch_size, t.logprob_chunk_size = 256, 64, 256
+  t.steps = DENSE.TRAIN_PROMPTS // t.prompts_per_step
+  t.eval_every = t.steps // 10
+  config.checkpoint.every = t.eval_every
+  config.sampling.max_new_tokens = 1024
+  return config
