@@ -66,15 +66,16 @@ def join(base: dict[str, Any], adapters: dict[str, Any]) -> dict[str, Any]:
 
 
 def _delta(a, b, kernel_ndim: int):
-  """(A @ B) in the kernel's shape: a [lead..., in..., r], b [lead..., r, out...]."""
+  """(A @ B) in the kernel's shape: a [lead..., in..., r], b [lead..., r, out...], one
+  contraction over r with no reshape (flattening a kernel's sharded output dims with its
+  others would gather them whole on every chip)."""
   lead = a.ndim + b.ndim - 2 - kernel_ndim
   n_in, n_out = a.ndim - 1 - lead, b.ndim - 1 - lead
-  lead_shape = a.shape[:lead]
-  a2 = a.reshape(lead_shape + (int(np.prod(a.shape[lead:lead + n_in])), a.shape[-1]))
-  b2 = b.reshape(lead_shape + (b.shape[lead], int(np.prod(b.shape[lead + 1:]))))
-  delta = jnp.matmul(a2.astype(jnp.float32), b2.astype(jnp.float32),
-                     precision=jax.lax.Precision.HIGHEST)
-  return delta.reshape(a.shape[:lead + n_in] + b.shape[lead + 1:lead + 1 + n_out])
+  letters = iter("abcdefghijklmnopqstuvwxyz")  # 'r' is the rank
+  lead_l, in_l, out_l = ("".join(next(letters) for _ in range(n)) for n in (lead, n_in, n_out))
+  return jnp.einsum(f"{lead_l}{in_l}r,{lead_l}r{out_l}->{lead_l}{in_l}{out_l}",
+                    a.astype(jnp.float32), b.astype(jnp.float32),
+                    precision=jax.lax.Precision.HIGHEST)
 
 
 def merge(params: dict[str, Any], cfg: ModelConfig, dtype=None) -> dict[str, Any]:
