@@ -11,8 +11,12 @@ PLATFORMS = ("cpu", "gpu", "tpu")
 
 
 def device(mesh=None) -> jax.Device:
-  """The first device of `mesh` (default: of the default backend)."""
-  return mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+  """The first device of `mesh` (default: `jax.default_device`'s, or the default
+  backend's first)."""
+  if mesh is not None:
+    return mesh.devices.flat[0]
+  default = jax.config.jax_default_device
+  return default if isinstance(default, jax.Device) else jax.devices()[0]
 
 
 def of(mesh=None) -> str:

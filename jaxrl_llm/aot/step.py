@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 
 from jaxrl_llm import models, platform, sampling
+from jaxrl_llm.sampling import decode
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.training import episodes, flops, prepare
@@ -277,8 +278,13 @@ def _turn_program(config, plan: Plan, setup: Setup, step_flops: dict) -> StepPro
   keys = one(jax.eval_shape(lambda: sampling.request_keys(jax.random.key(0), rows)))
   scalar = one(jax.ShapeDtypeStruct((), jnp.int32))
   chunk = one(jax.ShapeDtypeStruct((rows, width), jnp.int32))
-  lower = lambda: turns._program.lower(  # pylint: disable=protected-access
-      model, state, scalar, chunk, chunk, one(jax.ShapeDtypeStruct((rows,), jnp.int32)), keys)
+  def lower():  # a model without a mesh runs where the default device is: the target's
+    with jax.default_device(device):
+      cache = jax.tree.map(one, jax.eval_shape(lambda: models.init_cache(
+          m.policy.config, rows, columns, key_layout=decode.tuning(model).key_layout)))
+      return turns._program.lower(  # pylint: disable=protected-access
+          model, state.replace(cache=cache), scalar, chunk, chunk,
+          one(jax.ShapeDtypeStruct((rows,), jnp.int32)), keys)
   return StepProgram("turn", TRAINER, lower, (), src.env["max_turns"], N,
                      step_flops["sample"] / src.env["max_turns"])
 

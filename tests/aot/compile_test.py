@@ -82,6 +82,18 @@ class CompileForTpuTest(absltest.TestCase):
     plan = training.make_plan(report.for_compiling(config))
     self.assertIn("routing", step.minibatch(report.for_compiling(config), plan, setup))
 
+  def test_multi_turn_turn_program_compiles_in_the_tpu_cache_layout(self):
+    config = config_lib.preset("grpo_calculator")
+    result, setup = analyse(config)
+    self.assertEqual([p.name for p in result.programs], ["turn", "prepare", "policy_update"])
+    self.assertTrue(result.all_fit)
+    from jaxrl_llm.aot import step  # pylint: disable=g-import-not-at-top
+    turn = next(p for p in step.step_programs(report.for_compiling(config),
+                                              training.make_plan(config), setup)
+                if p.name == "turn")
+    cache = turn.lower().args_info[0][1].cache  # the TurnState's buffers, on one TPU chip
+    self.assertIn("k_sd", cache)  # slot-major keys: the TPU's layout, not the host's
+
   def test_lora_update_takes_the_frozen_base(self):
     config = tiny_tpu_config()
     config.lora.update(rank=8, base_quant="int8")
