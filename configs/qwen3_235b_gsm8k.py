@@ -41,7 +41,5 @@ def get_config(arg=None):
   MOE.shard_embed_over_experts(config)
   t = config.train
   t.prompts_per_step, t.micro_batch_size, t.logprob_chunk_size = 256, 128, 256
-  t.steps = MOE.DENSE.TRAIN_PROMPTS // t.prompts_per_step
-  t.eval_every = t.steps // 10
-  config.checkpoint.every = t.eval_every
+  MOE.DENSE.schedule(config)
   return config

@@ -29,19 +29,15 @@ QWEN3_32B = dict(hidden_size=5120, intermediate_size=25600, num_layers=64, num_h
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, runlocal=False, **{h: False for h in HARDWARE})
-  config = DENSE.get_config("runlocal" if arg.runlocal else "tpu_v5p_32")
+  arg, config = DENSE.larger(arg, HARDWARE, QWEN3_32B)
   if arg.runlocal:  # a tiny Qwen3 from the arch, for a CPU
     return config
-  config.model.arch.update(QWEN3_32B)
   config.mesh.update(data=-1, fsdp=16, expert=1, tensor=4, topology="v5p:4x4x4")
   if arg.split:
     config.mesh.update(fsdp=8, rollout_devices=32)
     config.algo.max_async_level = 1
   t = config.train
   t.prompts_per_step, t.micro_batch_size, t.logprob_chunk_size = 256, 64, 256
-  t.steps = DENSE.TRAIN_PROMPTS // t.prompts_per_step
-  t.eval_every = t.steps // 10
-  config.checkpoint.every = t.eval_every
+  DENSE.schedule(config)
   config.sampling.max_new_tokens = 1024
   return config

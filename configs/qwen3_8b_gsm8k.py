@@ -29,11 +29,9 @@ QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_layers=36, num_he
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, runlocal=False, **{h: False for h in HARDWARE})
-  config = DENSE.get_config("runlocal" if arg.runlocal else "tpu_v5p_32")
+  arg, config = DENSE.larger(arg, HARDWARE, QWEN3_8B)
   if arg.runlocal:  # a tiny Qwen3 from the arch, for a CPU
     return config
-  config.model.arch.update(QWEN3_8B)
   t = config.train
   if arg.qlora_v5e_8:  # adapters over an int8 base, tensor-parallel over one v5e host
     config.lora.update(rank=16, alpha=32.0, targets="all", base_quant="int8")
@@ -41,19 +39,12 @@ def get_config(arg=None):
     config.mesh.update(data=1, fsdp=1, expert=1, tensor=8, topology="v5e:2x4")
     t.prompts_per_step, t.micro_batch_size, t.logprob_chunk_size = 16, 16, 128
     config.sampling.max_new_tokens = 1024
-    return _schedule(config)
+    DENSE.schedule(config)
+    return config
   slices = 2 if arg.tpu_v5p_32x2 else 1
   config.mesh.update(data=-1, fsdp=16, expert=1, tensor=1, topology="v5p:2x2x4",
                      num_slices=slices)
   t.prompts_per_step, t.micro_batch_size, t.logprob_chunk_size = 128 * slices, 64, 256
   config.sampling.max_new_tokens = 1024
-  return _schedule(config)
-
-
-def _schedule(config):
-  """Steps for about two epochs of GSM8K, ten evaluations and checkpoints."""
-  t = config.train
-  t.steps = DENSE.TRAIN_PROMPTS // t.prompts_per_step
-  t.eval_every = t.steps // 10
-  config.checkpoint.every = t.eval_every
+  DENSE.schedule(config)
   return config

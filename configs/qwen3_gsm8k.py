@@ -100,9 +100,27 @@ def _hardware(config, hardware: str, size: str) -> None:
     # micro-batches (8 per chip) and 256-position log-prob chunks.
     mesh.update(data=-1, fsdp=4, tensor=1, topology="v5p:2x2x4")
     train.prompts_per_step, train.micro_batch_size, train.logprob_chunk_size = 128, 128, 256
+  schedule(config)
+
+
+def schedule(config) -> None:
+  """Steps for `TRAIN_PROMPTS` prompts, ten evaluations and checkpoints (after the batch
+  is set): the same data on every hardware and size."""
+  train = config.train
   train.steps = TRAIN_PROMPTS // train.prompts_per_step
   train.eval_every = train.steps // 10
   config.checkpoint.every = train.eval_every
+
+
+def larger(arg, hardware: tuple[str, ...], arch: dict):
+  """(the parsed `arg` with the variants `hardware`, the config): this recipe's v5p-32
+  variant with a larger Qwen3's `arch` (the other recipes of its family set their slice,
+  batch and lengths); with `runlocal`, the tiny local config as it is."""
+  arg = config_lib.parse_arg(arg, runlocal=False, **{h: False for h in hardware})
+  config = get_config("runlocal" if arg.runlocal else "tpu_v5p_32")
+  if not arg.runlocal:
+    config.model.arch.update(arch)
+  return arg, config
 
 
 def get_config(arg=None):

@@ -62,9 +62,7 @@ def get_config(arg=None):
   config.mesh.update(data=1, fsdp=4, expert=8, tensor=1, topology="v5p:4x4x2")
   t = config.train
   t.prompts_per_step, t.micro_batch_size, t.logprob_chunk_size = 128, 128, 256
-  t.steps = DENSE.TRAIN_PROMPTS // t.prompts_per_step
-  t.eval_every = t.steps // 10
-  config.checkpoint.every = t.eval_every
+  DENSE.schedule(config)
   config.sampling.max_new_tokens = 1024  # Qwen3 thinks at length
   config.model.router_aux_loss_coef = 0.001  # Qwen3-MoE's config.json value
   return config

@@ -116,14 +116,8 @@ def _write_error_log(workdir: str) -> str:
     return "stderr"
 
 
-def _parse_flags(argv):
-  return command_line.parse_flags(argv, _CONFIG)
-
-
 def run():
-  if {"-h", "--help", "--helpshort", "--helpfull"} & set(sys.argv[1:]):  # help is a success
-    app.usage(shorthelp="--helpfull" not in sys.argv, writeto_stdout=True, exitcode=0)
-  app.run(main, flags_parser=_parse_flags)
+  command_line.run(main, _CONFIG)
 
 
 if __name__ == "__main__":

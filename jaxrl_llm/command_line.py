@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from absl import flags
+from absl import app, flags
 
 
 def usage_error(message: str, flags_help: bool = True):
@@ -64,3 +64,11 @@ def parse_flags(argv: list[str], config_flag) -> list[str]:
       if path.startswith("config.") and (error := config_lib.unknown_key(path[len("config."):])):
         usage_error(f"{arg}: {error}")
     usage_error(f"a --config override: {e}")
+
+
+def run(main, config_flag) -> None:
+  """absl's `app.run(main)` with `parse_flags`; asking for help is a success (exit 0,
+  the flags on stdout)."""
+  if {"-h", "--help", "--helpshort", "--helpfull"} & set(sys.argv[1:]):
+    app.usage(shorthelp="--helpfull" not in sys.argv, writeto_stdout=True, exitcode=0)
+  app.run(main, flags_parser=lambda argv: parse_flags(argv, config_flag))
