@@ -19,7 +19,9 @@ tokens and its own experts only:
      E / ep experts (ids shifted by its first expert; the others are skipped), dropless,
      in a static buffer of n * k rows: the worst case, every one of them on this device.
      So a device's buffers are those of n tokens, whatever ep is (one pass over all g x n
-     tokens: 29.8 GiB of temporaries in the 30B update at 128 rows, against 21.8).
+     tokens: 29.8 GiB of temporaries in the 30B update at 128 rows, against 21.8). A
+     decode step (one token per row) is the exception: its g x n tokens are few, and one
+     pass reads the local experts' weights once instead of g times.
   4. `psum_scatter` over the same axes sums each token's terms from the devices holding
      its experts (and F's partial sums) and hands every device back its own n tokens.
      Where the tokens are not split over an axis that splits the weights (a batch that
@@ -119,6 +121,9 @@ def _local_ffn(x_btD, experts_btk, weights_btk, gate_up_eDCf, down_efD, *, layou
   gather = layout["gather"]
   if not gather:
     y_nD = one_chunk(x_nD, experts_nk, weights_nk)
+  elif t == 1:  # a decode step: the group's few tokens in one pass, its weights read once
+    chunks = [jax.lax.all_gather(a, gather, tiled=True) for a in (x_nD, experts_nk, weights_nk)]
+    y_nD = jax.lax.psum_scatter(one_chunk(*chunks), gather, scatter_dimension=0, tiled=True)
   else:  # the group's g devices' tokens [g, n, ...], the same on each of them
     chunks = [jax.lax.all_gather(a, gather) for a in (x_nD, experts_nk, weights_nk)]
     # One device's n tokens at a time, each rematerialised in the backward: buffers of n * k
