@@ -17,6 +17,14 @@ Hardware: tpu_v5p_32 (the default) is a v5p-32 slice, 16 chips of 95 GiB on 4 ho
 tpu_v5p_32x2 two such slices joined by the data-center network (multislice: the data
 axis spans the slices, every other axis stays on a slice's own links). Mesh: fsdp 16 on
 one slice (data 2 x fsdp 16 on two).
+XLA:TPU's peak per chip (launch.compile, 2026-12-03; README, "Compiled for TPU"), GiB:
+  variant        slice            sampler  prepare  update  HBM   step roofline, MFU bound
+  tpu_v5p_32     v5p:2x2x4         33.9     19.4     29.2   95.74  29.4 s, 58.7%
+  tpu_v5p_32x2   2 x v5p:2x2x4     33.9     19.1     26.3   95.74  28.0 s, 61.6%
+  qlora_v5e_8    v5e:2x4            6.6      6.4     12.8   15.75  18.9 s, 53.2%
+(the sampler's peak: its arguments, the policy and the KV cache, 10.9; its temporaries
+17.2; Adam's moments and the reference beside it 5.9. The DCN between slices is not in
+the roofline).
 Expected result: not measured (no accelerator and no Qwen3-8B weights here).
 """
 from jaxrl_llm import config as config_lib

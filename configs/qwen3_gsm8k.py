@@ -33,34 +33,31 @@ tested: every variant passes `config.validate` on its device count (1, 8, 16 and
 v5e-16's 16 devices on 4 processes), the mesh divides the Qwen3 shapes it shards, and
 `runlocal` trains two steps end to end on a tiny random Qwen3 checkpoint with a chat
 template and GSM8K records (tests/qwen3_gsm8k_config_test.py). The memory figures
-below come from compiling the programs, not from running them; please report a run.
+below come from XLA:TPU compiling the programs, not from running them; please report a run.
 
-Memory per device, from XLA's memory analysis of the compiled programs (compiled on CPU
-devices standing in for the chips; nothing allocated), GiB:
+Memory per chip, from XLA:TPU compiling every program of a step for the variant's slice
+(`python -m launch.compile --config=qwen3_gsm8k:tpu_v5e_8,size=1.7b`, on any machine with
+the `tpu` extra; nothing allocated; jax 0.10.2, libtpu 0.0.42.1, 2026-12-03), GiB: the
+peak of each program, its arguments and temporaries plus what stays resident beside it
+(the optimizer moments, the bf16 reference, the samplers' KV buffers):
 
-  variant, size         | state | reference | KV cache | update temps | peak
-  gpu_1, 0.6b           |  6.66 |      2.22 |     7.00 |        10.78 | 26.7
-  gpu_1, 1.7b           | 19.23 |      6.41 |     7.00 |        22.30 | 54.9
-  tpu_v5e_8, 0.6b       |  0.83 |      0.28 |     1.75 |         3.41 |  6.3
-  tpu_v5e_8, 1.7b       |  2.40 |      0.80 |     1.75 |         6.29 | 11.2
-  tpu_v5p_32, 0.6b      |  1.67 |      0.56 |     3.50 |         6.39 | 12.1
-  tpu_v5p_32, 1.7b      |  4.81 |      1.60 |     3.50 |        11.52 | 21.4
+  variant, size     | chip HBM | sampler | prepare | update (args + temps) | step roofline, MFU bound
+  tpu_v5e_8, 0.6b   |   15.75  |    4.2  |    3.5  |    4.9 (0.83 + 1.99)  |  6.0 s, 16.0%
+  tpu_v5e_8, 1.7b   |   15.75  |    6.8  |    5.6  |    9.7 (2.40 + 4.89)  |  7.5 s, 36.3%
+  tpu_v5p_32, 0.6b  |   95.74  |    7.8  |    8.5  |   10.4 (1.67 + 4.54)  |  2.5 s, 33.6%
+  tpu_v5p_32, 1.7b  |   95.74  |   14.3  |   13.3  |   18.3 (4.81 + 8.76)  |  4.1 s, 57.0%
 
-  XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/train_step.py \
-      --config=configs/qwen3_gsm8k.py:tpu_v5e_8,size=1.7b --set=model.path= --memory_only
-
-(1 device for gpu_1, 16 for tpu_v5p_32). State: float32 parameters (4 B each) and Adam's
-two moments (8 B), each sharded like its parameter over fsdp x tensor; reference: the
-frozen float32 copy for the KL term; KV cache: the bf16 buffers the sampler keeps between
-steps (28 layers x 8 KV heads x 128 x 2 x 2 B = 112 KiB per token, one slot per new token
-of each of the P x G rows, split over the batch shards and tensor); update temps: the
-compiled update's own (gradient accumulator, remat'd layer inputs, a log-prob chunk of
-micro-batch x logprob_chunk_size x 151,936 float32 logits) for the longest prompt
-bucket; peak: state, minibatch, temps, reference and cache together. An accelerator's
-compiler lays temporaries out differently; please report measured figures.
-
-GPU: JAX preallocates 75% of the GPU's memory by default (60 GB of 80); gpu_1 with 1.7B
-peaks at ~55 GiB (59 GB) before the sampler's own temporaries, so raise the fraction:
+The roofline is the larger of a program's FLOPs over the chip's peak and its HBM bytes
+over the chip's bandwidth, with every loop counted at its trip count (the decode loop at
+max_new_tokens); the MFU bound is a bound, not a measurement. A v5p-32 holds far more
+than 1.7B: configs/qwen3_8b_gsm8k.py is its recipe at 8B.
+gpu_1 has no compiled figures: XLA:GPU compiles only with a GPU attached, and none was.
+By arithmetic, its float32 weights and Adam's two moments (12 B per parameter) and the
+bf16 reference (2 B) take 7.8 GiB at 0.6B and 22.4 GiB at 1.7B; the update adds float32
+gradients (4 B per parameter) and its activations, the sampler its KV cache (28 layers x
+8 KV heads x 128 x 2 x 2 B = 112 KiB per token, 7 GiB for 128 rows of 512 new tokens).
+JAX preallocates 75% of the GPU's memory by default (60 GB of 80), which 1.7B can
+outgrow, so raise the fraction:
   XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m launch.train \
       --config=configs/qwen3_gsm8k.py:gpu_1,size=1.7b --workdir=/tmp/q17
 """
@@ -83,20 +80,20 @@ def _hardware(config, hardware: str, size: str) -> None:
   """Mesh, batch and micro-batches for one machine (rows = prompts_per_step x G = 8)."""
   mesh, train = config.mesh, config.train
   if hardware == "gpu_1":
-    # One 80 GB GPU: 55 GiB at the update's peak for 1.7B (27 GiB for 0.6B); 1.7B needs
+    # One 80 GB GPU (not compiled here: XLA:GPU needs a GPU); 1.7B needs
     # XLA_PYTHON_CLIENT_MEM_FRACTION above JAX's default 0.75 (see the docstring).
     mesh.update(data=-1, fsdp=1, tensor=1)  # -1: the one device
     train.prompts_per_step, train.micro_batch_size, train.logprob_chunk_size = 16, 16, 128
   elif hardware == "tpu_v5e_8":
-    # 16 GB chips. 0.6B over fsdp=8: 6.3 GiB at the peak. 1.7B over fsdp=4 x tensor=2:
-    # 11.2 GiB (tensor also splits the KV heads and the gathered decode weights); fsdp=8
+    # 15.75 GiB chips (XLA:TPU). 0.6B over fsdp=8: 4.9 GiB at the peak. 1.7B over fsdp=4 x
+    # tensor=2: 9.7 GiB (tensor also splits the KV heads and the gathered decode weights); fsdp=8
     # alone would gather every layer's whole weights on each chip. data=-1 takes the rest
     # (2 on a v5litepod-16).
     mesh.update(data=-1, fsdp=8 if size == "0.6b" else 4, tensor=1 if size == "0.6b" else 2,
                 topology="v5e:2x4")
     train.prompts_per_step, train.micro_batch_size, train.logprob_chunk_size = 32, 32, 128
   else:  # tpu_v5p_32: 16 chips of 95 GB
-    # fsdp=4 within a host, data=4 across hosts: 1.7B peaks at 21 GiB of 95 with 128-row
+    # fsdp=4 within a host, data=4 across hosts: 1.7B peaks at 18.3 GiB of 95.7 with 128-row
     # micro-batches (8 per chip) and 256-position log-prob chunks.
     mesh.update(data=-1, fsdp=4, tensor=1, topology="v5p:2x2x4")
     train.prompts_per_step, train.micro_batch_size, train.logprob_chunk_size = 128, 128, 256

@@ -8,6 +8,9 @@ For every program of `step.step_programs`, compiled for the target's devices:
   - FLOPs, HBM bytes and collective bytes per chip from the compiled HLO with every loop
     counted its number of times (`hlo_cost`; XLA's own `cost_analysis()` counts a loop body
     once), the decode loop at its bound (every completion at `max_new_tokens`);
+  - the grouped matmuls of an MoE layer (megablox `gmm`, `tgmm`) counted at the share of
+    their worst-case buffer a chip's experts get when the router spreads assignments
+    evenly (`StepProgram.expert_share`), not at their whole buffer as their estimate is;
   - a roofline time: the larger of FLOPs / the chip's peak and HBM bytes / its bandwidth
     (`chips.CHIPS`): a lower bound on the program's time, not a measurement.
 A step's roofline adds its programs' (each times its calls per step; with split placement
@@ -27,6 +30,8 @@ from jaxrl_llm.aot import step as step_lib
 
 _KERNEL = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+?)(?:\.\d+)? = .*custom_call_target="tpu_custom_call"',
                      re.M)
+# megablox's grouped matmuls: their cost estimate covers the whole static buffer.
+GROUPED_MATMULS = ("gmm", "tgmm")
 _TEMPORARIES = re.compile(r"temporaries \(([\d.]+)([KMGT])\)")
 
 
@@ -131,7 +136,8 @@ def analyse_program(program: step_lib.StepProgram, chip: chips_lib.Chip,
                          kernels=(), error=" ".join(str(e).split()), **common)
   memory = compiled.memory_analysis()
   text = compiled.as_text()
-  cost = hlo_cost.program_cost(text, dynamic_trips=program.decode_steps)
+  cost = hlo_cost.program_cost(text, dynamic_trips=program.decode_steps, kernel_shares={
+      kernel: program.expert_share for kernel in GROUPED_MATMULS})
   roofline = max(cost.flops / chip.peak_flops, cost.bytes_accessed / chip.hbm_bandwidth)
   return ProgramReport(
       argument_bytes=memory.argument_size_in_bytes, output_bytes=memory.output_size_in_bytes,

@@ -69,7 +69,9 @@ def text(result: analysis.StepReport, config, where: str) -> str:
             + f" -> MFU bound {100 * result.mfu_bound:.1f}% (a roofline bound from the "
             "compiler's FLOPs and bytes, not a measurement: no step runs faster on these chips)",
             "FLOPs count each loop body times its trips (the decode loop at max_new_tokens); "
-            "Pallas kernels' FLOPs are not in the HLO (their bytes are)."]
+            "a Pallas kernel counts its own cost estimate (an MoE grouped matmul's at the share "
+            "of the experts a chip holds, routing even), or its bytes alone without one "
+            "(splash attention)."]
   return "\n".join(lines)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 
 from jaxrl_llm import models, platform, sampling
+from jaxrl_llm.models import expert_parallel
 from jaxrl_llm.sampling import decode
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.config import sources as sources_lib
@@ -50,6 +51,8 @@ class StepProgram:
     decode_steps: the most iterations of its data-dependent loop (a decode loop that stops
       when every row has ended), or None without one.
     model_flops: model FLOPs of one call over all chips (`training.flops`).
+    expert_share: the share of an MoE layer's experts a chip runs (`expert_parallel.
+      local_share`): the part of its grouped matmuls' static buffers they compute.
   """
   name: str
   placement: str
@@ -58,6 +61,7 @@ class StepProgram:
   calls_per_step: float
   decode_steps: int | None
   model_flops: float
+  expert_share: float = 1.0
 
 
 def bytes_per_chip(tree) -> int:
@@ -221,6 +225,10 @@ def _decode_steps(settings: sampling.SamplingSettings, model: models.Model, prom
   return -(-(requests // shards) // slots) * N
 
 
+def _expert_share(model: models.Model) -> float:
+  return expert_parallel.local_share(model.config, model.mesh, model.rules)
+
+
 def _sampler_programs(config, plan: Plan, setup: Setup, step_flops: dict) -> list[StepProgram]:
   """The training sampler (or the turn program of multi-turn sources) and the evaluator's."""
   m, layout = setup.models, setup.layout
@@ -240,7 +248,7 @@ def _sampler_programs(config, plan: Plan, setup: Setup, step_flops: dict) -> lis
     programs.append(StepProgram(
         "sampler", SAMPLER if split else TRAINER,
         functools.partial(sampler.lower_shapes, model, P, S0), arguments, 1,
-        _decode_steps(settings, model, P), step_flops["sample"]))
+        _decode_steps(settings, model, P), step_flops["sample"], _expert_share(model)))
   if config.train.eval_every > 0 and not _multi_turn(plan):
     greedy = _settings(config, cfg, greedy=True)
     policy = m.trained_policy(layout.policy_params)
@@ -248,7 +256,7 @@ def _sampler_programs(config, plan: Plan, setup: Setup, step_flops: dict) -> lis
     programs.append(StepProgram(
         "eval_sampler", TRAINER, functools.partial(evaluator.lower_shapes, policy, P, S0),
         ("policy", "base", "eval_kv_cache"), 0, _decode_steps(greedy, policy, P),
-        step_flops["sample"] / config.sampling.num_samples))
+        step_flops["sample"] / config.sampling.num_samples, _expert_share(policy)))
   return programs
 
 
@@ -295,18 +303,20 @@ def step_programs(config, plan: Plan, setup: Setup) -> list[StepProgram]:
   m, layout, programs = setup.models, setup.layout, setup.programs
   work = _step_flops(config, plan, setup)
   out = _sampler_programs(config, plan, setup, work)
-  updates = plan.updates_per_step
+  updates, share = plan.updates_per_step, _expert_share(m.policy)
   out.append(StepProgram(
       "prepare", TRAINER,
       lambda: programs.prepare.lower(*_prepare_arguments(config, plan, setup)),
-      ("policy", "base", "reference", "value", "teacher"), 1, None, work["logprob"]))
+      ("policy", "base", "reference", "value", "teacher"), 1, None, work["logprob"], share))
   out.append(StepProgram(
       "policy_update", TRAINER,
       lambda: programs.policy_update.lower(layout, minibatch(config, plan, setup), m.base),
-      ("policy", "optimizer", "value", "base"), updates, None, work["policy_update"] / updates))
+      ("policy", "optimizer", "value", "base"), updates, None, work["policy_update"] / updates,
+      share))
   if programs.value_update is not None:
     out.append(StepProgram(
         "value_update", TRAINER,
         lambda: programs.value_update.lower(layout, minibatch(config, plan, setup)),
-        ("policy", "optimizer", "value"), updates, None, work["value_update"] / updates))
+        ("policy", "optimizer", "value"), updates, None, work["value_update"] / updates,
+        _expert_share(m.value)))
   return out

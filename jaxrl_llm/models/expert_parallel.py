@@ -38,6 +38,7 @@ gradients summed over the token axes.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 import jax
@@ -78,6 +79,18 @@ def specs(x_shape, gate_up_shape, down_shape, mesh: Mesh, rules) -> dict[str, An
               gate_up=gate_up, down=down, experts=_axes(gate_up[0]),
               gather=tuple(a for a in token_axes if a in reduce_axes),
               summed=tuple(a for a in reduce_axes if a not in token_axes))
+
+
+def local_share(cfg, mesh: Mesh | None, rules) -> float:
+  """The share of an MoE layer's experts one device runs (E / ep of E): what its grouped
+  matmuls compute of their static buffer when the router spreads assignments evenly. The
+  buffer holds the worst case, every assignment on this device, and the kernel visits only
+  its own experts' rows (1 without expert parallelism)."""
+  if not cfg.num_experts or not applies(mesh, rules):
+    return 1.0
+  shape = (cfg.num_experts, cfg.hidden_size, 2, cfg.moe_intermediate_size)
+  axes = _axes(sh.logical_to_spec((sh.EXPERT, None, None, sh.MLP), shape, mesh, rules)[0])
+  return 1.0 / math.prod(mesh.shape[a] for a in axes)
 
 
 def first_expert(expert_axes: tuple[str, ...], local_experts: int):

@@ -18,7 +18,8 @@ import numpy as np
 from absl.testing import absltest, parameterized
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxrl_llm.aot import hlo_cost
+from jaxrl_llm.aot import hlo_cost, hlo_text
+from jaxrl_llm.models import moe
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 NO_MSA = {"xla_msa_enable": False}
@@ -140,12 +141,12 @@ class HandWrittenTest(parameterized.TestCase):
   def test_padded_sizes(self):
     # Tiles pad the most minor dimensions (layout order): XLA:TPU counts these sizes (checked
     # against its cost_analysis() of an elementwise program on each of these shapes).
-    self.assertEqual(hlo_cost.shape_bytes("f32[3,5]{1,0:T(4,128)}"), 4 * 128 * 4)
-    self.assertEqual(hlo_cost.shape_bytes("f32[1000,100]{0,1:T(8,128)}"), 104 * 1024 * 4)
-    self.assertEqual(hlo_cost.shape_bytes("s32[]{:T(128)}"), 128 * 4)
-    self.assertEqual(hlo_cost.shape_bytes("(s32[]{:T(128)}, bf16[16,128]{1,0:T(8,128)(2,1)S(1)})"),
+    self.assertEqual(hlo_text.shape_bytes("f32[3,5]{1,0:T(4,128)}"), 4 * 128 * 4)
+    self.assertEqual(hlo_text.shape_bytes("f32[1000,100]{0,1:T(8,128)}"), 104 * 1024 * 4)
+    self.assertEqual(hlo_text.shape_bytes("s32[]{:T(128)}"), 128 * 4)
+    self.assertEqual(hlo_text.shape_bytes("(s32[]{:T(128)}, bf16[16,128]{1,0:T(8,128)(2,1)S(1)})"),
                      512 + 16 * 128 * 2)
-    self.assertEqual(hlo_cost.shape_bytes("f32[3,5]"), 60)  # no layout: logical
+    self.assertEqual(hlo_text.shape_bytes("f32[3,5]"), 60)  # no layout: logical
 
 
 # XLA:TPU's asynchronous all-gather of a bf16[128,256] shard into bf16[512,256], as two
@@ -331,6 +332,25 @@ class CompiledTest(absltest.TestCase):
                        p, x, w)
     self.assertIn(" conditional(", text)
     self.assertEqual(hlo_cost.program_cost(text).flops, 2 * 2 * 512**3)
+
+  def test_kernel_estimate_counted_at_its_share(self):
+    # megablox's gmm estimates 2 * rows * K * M FLOPs for its whole buffer; under expert
+    # parallelism a chip's experts get only a share of the rows (analysis passes E / ep).
+    A, K, M, E = 1024, 256, 512, 4
+    chip = Mesh(self.mesh.devices[:1], ("d",))  # a Pallas kernel is not partitioned
+    lhs, rhs = _arg(chip, (A, K)), _arg(chip, (E, K, M))
+    sizes = jax.ShapeDtypeStruct((E,), jnp.int32, sharding=NamedSharding(chip, P()))
+    text, _ = _compile(lambda l, r, s: moe.grouped_matmul(l, r, s, "gmm"), lhs, rhs, sizes)
+    whole = hlo_cost.program_cost(text)
+    quarter = hlo_cost.program_cost(text, kernel_shares={"gmm": 0.25, "other": 0.5})
+    self.assertEqual(whole.flops, 2 * A * K * M)
+    self.assertEqual(quarter.flops, whole.flops / 4)
+    # The kernel's estimated bytes (its operands, re-read per tile, at least) scale with it;
+    # the padding and slicing around it do not.
+    kernel_bytes = (whole.bytes_accessed - quarter.bytes_accessed) / 0.75
+    self.assertGreater(kernel_bytes, 2 * (A * K + E * K * M + A * M))
+    self.assertLess(kernel_bytes, whole.bytes_accessed)
+    self.assertEqual(hlo_cost.program_cost(text, kernel_shares={"tgmm": 0.25}).flops, whole.flops)
 
 
 if __name__ == "__main__":

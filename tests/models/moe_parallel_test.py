@@ -193,6 +193,23 @@ class SkippedExpertsTest(absltest.TestCase):
                                  err_msg=impl)
 
 
+class LocalShareTest(absltest.TestCase):
+
+  def test_share_of_the_experts_per_device(self):
+    """What a device's grouped matmuls compute of their buffer, evenly routed: E / ep."""
+    for mesh_name, share in (("expert4_data2", 1 / 4), ("expert2_fsdp2_tensor2", 1 / 2),
+                             ("expert8", 1 / 8)):
+      shape, rules = MESHES[mesh_name]
+      mesh = sh.make_mesh(shape)
+      self.assertEqual(expert_parallel.local_share(CFG, mesh, sh.freeze_rules(rules)), share)
+    self.assertEqual(expert_parallel.local_share(CFG, None, None), 1.0)
+    dense = sh.make_mesh(dict(data=2, fsdp=4, expert=1, tensor=1))
+    self.assertEqual(expert_parallel.local_share(CFG, dense, sh.DEFAULT_RULES), 1.0)
+    self.assertEqual(expert_parallel.local_share(CFG.replace(
+        model_type="qwen3", num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0),
+        mesh, sh.DEFAULT_RULES), 1.0)
+
+
 class ExpertParallelSamplingTest(absltest.TestCase):
   """The sampler runs the same layer: prefill and decode steps per device (weights in the
   'tensor' layout, fsdp dropped), or, in the continuous engine's own shard_map, the
