@@ -69,6 +69,16 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertGreater(result.mfu_bound, 0)
     self.assertLess(result.mfu_bound, 1)
 
+  def test_ppo_value_update_compiles_with_splash(self):
+    result, _ = analyse(tiny_tpu_config("ppo"))
+    programs = {p.name: p for p in result.programs}
+    self.assertEqual(list(programs), ["sampler", "prepare", "policy_update", "value_update"])
+    value = programs["value_update"]
+    for kernel in SPLASH:
+      self.assertTrue(any(k.startswith(kernel) for k in value.kernels), value.kernels)
+    self.assertGreater(value.flops, 0)
+    self.assertTrue(result.all_fit)
+
   def test_moe_with_routing_replay_compiles(self):
     config = tiny_tpu_config(model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
                              moe_intermediate_size=128)
