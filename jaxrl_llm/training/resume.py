@@ -27,7 +27,8 @@ from jaxrl_llm.training import setup as setup_lib
 from jaxrl_llm.training import state as state_lib
 from jaxrl_llm.training.plan import Plan
 
-# config.model fields that change speed or memory, not the model (allowed to change on resume).
+# config.model fields that change speed or memory, not the model or its state's shapes: a run
+# resumes with other values (`fingerprint` and `run_identity` both leave them out).
 SPEED_FIELDS = ("remat", "attention", "moe_impl")
 
 
@@ -45,7 +46,7 @@ class Start:
 def fingerprint(model_config: ModelConfig, value_model: bool, baselines: int = 0
                 ) -> dict[str, Any]:
   """What a checkpoint's state shapes depend on; a resume must match it."""
-  skip = ("remat", "attention", "bos_token_id", "eos_token_id", "pad_token_id", "lora_dropout")
+  skip = SPEED_FIELDS + ("bos_token_id", "eos_token_id", "pad_token_id", "lora_dropout")
   if not model_config.has_lora:  # absent: the checkpoints of earlier versions keep matching
     skip += ("lora_rank", "lora_alpha", "lora_targets", "base_quant")
   out = {"model": {k: v for k, v in dataclasses.asdict(model_config).items() if k not in skip},
@@ -53,6 +54,13 @@ def fingerprint(model_config: ModelConfig, value_model: bool, baselines: int = 0
   if baselines:  # absent otherwise: the checkpoints of earlier versions keep matching
     out["baselines"] = baselines
   return json.loads(json.dumps(out))  # as the checkpoint's JSON holds it (tuples as lists)
+
+
+def _without_speed_fields(saved: dict[str, Any] | None) -> dict[str, Any] | None:
+  """A checkpoint's fingerprint without SPEED_FIELDS (earlier versions recorded moe_impl)."""
+  if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
+    return saved
+  return {**saved, "model": {k: v for k, v in saved["model"].items() if k not in SPEED_FIELDS}}
 
 
 def run_identity(config) -> dict[str, Any]:
@@ -107,10 +115,11 @@ def check(ckpt: checkpoints.Checkpointer, config, plan: Plan, workdir: str,
     return None
   meta = ckpt.read_meta(latest)
   wanted = fingerprint(setup_lib.policy_config(config), plan.value_model, plan.baselines)
-  if meta.get("fingerprint") != wanted:
+  saved_shapes = _without_speed_fields(meta.get("fingerprint"))
+  if saved_shapes != wanted:
     raise ConfigError(f"the checkpoint at step {latest} in {workdir!r} was written by an "
                       "incompatible config: "
-                      f"{'; '.join(differences(meta.get('fingerprint'), wanted))}; "
+                      f"{'; '.join(differences(saved_shapes, wanted))}; "
                       "expected the same model (or a fresh workdir)")
   saved = with_defaults(meta.get("run", run_identity(config)), run_identity(schema.base_config()))
   changed = differences(saved, run_identity(config))

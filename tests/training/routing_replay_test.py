@@ -55,7 +55,8 @@ class RoutingReplayTest(parameterized.TestCase):
 
   def test_an_moe_run_resumes_exactly(self):
     """Steps 3 and 4 after a resume from step 2's checkpoint: the MoE's stacks, its
-    optimizer state and the replayed routing come back as they were."""
+    optimizer state and the replayed routing come back as they were, with the same expert
+    kernel or the other."""
     config = moe_bf16("grpo", "rollout")
     config.model.dtype = "float32"
     config.model.arch.num_layers = 2
@@ -71,6 +72,15 @@ class RoutingReplayTest(parameterized.TestCase):
       self.assertIn("moe/aux_loss", a)
       for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    # The expert kernel is a speed setting: the run resumes with the other one (the CPU's
+    # 'auto' is 'blocked') and computes the same steps.
+    config.model.moe_impl = "ragged"
+    other = resume_from_step_two(config, first, self.create_tempdir().full_path)
+    self.assertEqual([r["step"] for r in other], [1, 2, 3, 4])
+    for a, b in zip(rows[2:], other[2:]):
+      a, b = comparable(a), comparable(b)
+      for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5, err_msg=k)
 
   def test_replay_needs_an_moe_policy_and_the_static_engine(self):
     c = moe_bf16("grpo", "rollout")
