@@ -1,7 +1,8 @@
 """The accelerator benchmark in one command: sampler vs transformers `generate`, and the RL step.
 
-Run from the checkout on the device machine (a lent GPU; see DEVELOPERS.md), with the wheels
-of ml_collections and tensorboardX in an ignored `.whl/` folder beside it:
+Run from the checkout on a GPU machine that has jax[cuda], torch and transformers but no
+package index, with the wheels of ml_collections and tensorboardX in an ignored `.whl/`
+folder beside it:
 
   python3 bench/gpu.py               # the Qwen3-0.6B shape, bf16
   TINY=1 python3 bench/gpu.py        # tiny shapes: a dry run on the CPU before spending device time

@@ -48,6 +48,7 @@ _MULTIHOST = flags.DEFINE_bool("multihost", False,
                                "pods, SLURM, Open MPI, Kubernetes).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Check the config, the model directory and the "
                              "data, print the plan, and exit: nothing is loaded or written.")
+flags.DEFINE_alias("dry-run", "dry_run")  # the pod launcher's and gcloud's spelling
 _VERBOSE = flags.DEFINE_bool("verbose", False, "On an error once training has started, also "
                              "print its traceback (it is always written to WORKDIR/error.log).")
 _RESUME_WITH_CHANGES = flags.DEFINE_bool(

@@ -246,12 +246,6 @@ def infer_shardings(abstract_tree, mesh: Mesh, rules: Rules):
   return jax.tree_util.tree_map_with_path(one, abstract_tree, is_leaf=_is_partitioned)
 
 
-def logical_names(abstract_tree):
-  """The logical names of each boxed leaf (None for plain leaves), unboxed structure."""
-  return jax.tree.map(lambda x: tuple(x.names) if _is_partitioned(x) else None,
-                      abstract_tree, is_leaf=_is_partitioned)
-
-
 def init_sharded(init_fn: Callable[[], Any], mesh: Mesh, rules: Rules):
   """Runs `init_fn` (returning a boxed tree) jitted, so its outputs are born sharded.
 

@@ -54,8 +54,8 @@ class ReadmeCommandsTest(absltest.TestCase):
     self.assertLen(runs, 2)  # the v5e host and the GPU
     env = dict(os.environ, HOME=home, PATH=f"{BIN}:{os.environ['PATH']}", JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    for command in runs:
-      run = subprocess.run(["bash", "-c", command + " --dry_run"], cwd=home, env=env,
+    for command, dry_run in zip(runs, ("--dry_run", "--dry-run")):  # both spellings
+      run = subprocess.run(["bash", "-c", f"{command} {dry_run}"], cwd=home, env=env,
                            capture_output=True, text=True, timeout=300)
       self.assertEqual(run.returncode, 0, f"{command}\n{run.stderr[-3000:]}")
       self.assertIn("dry run: the config, the model directory and the data check out",

@@ -110,7 +110,7 @@ def mesh_config() -> ConfigDict:
 
 
 def sampling_config() -> ConfigDict:
-  """The rollout sampler (jaxrl_llm/sampling.py) and the prompts' padding buckets."""
+  """The rollout sampler (jaxrl_llm/sampling/) and the prompts' padding buckets."""
   return ConfigDict({
       "num_samples": 8,  # G, responses per prompt
       "max_new_tokens": 64,
@@ -119,7 +119,7 @@ def sampling_config() -> ConfigDict:
       "top_p": 1.0,
       "max_prompt_len": 128,
       "prompt_buckets": (32, 64, 128),  # prompts pad to the smallest bucket that fits
-      "layer_loop": "auto",  # auto | scan | unrolled: how sampling runs the layers (sampling.py)
+      "layer_loop": "auto",  # auto | scan | unrolled: how sampling runs the layers (sampling/decode.py)
       "weight_layout": "tensor",  # tensor | replicated | training: weights while decoding
       "engine": "auto",  # auto | static | continuous: README, "Sampling engines"
       "slots": 0,  # continuous engine: decode slots (0 = half of the completions)

@@ -78,12 +78,6 @@ def _boxed_init(cfg: ModelConfig, rng: jax.Array):
   return module.init(rng, tokens, tokens, jnp.ones((1, 1), jnp.int32))["params"]
 
 
-def logical_param_names(cfg: ModelConfig):
-  """The tree of logical axis names of `cfg`'s parameters (tuples at the leaves)."""
-  abstract = jax.eval_shape(functools.partial(_boxed_init, cfg), jax.random.key(0))
-  return sh.logical_names(abstract)
-
-
 def param_shardings(cfg: ModelConfig, mesh: Mesh, rules):
   """The NamedShardings of `cfg`'s parameters on `mesh`, from their logical axes."""
   abstract = jax.eval_shape(functools.partial(_boxed_init, cfg), jax.random.key(0))

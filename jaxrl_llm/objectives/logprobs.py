@@ -2,7 +2,7 @@
 
 The behaviour log-prob of a sampled token is `log_softmax(logits / temperature)` at
 that token (before any top-k/top-p truncation; temperature 0, greedy, counts as 1),
-the same definition the sampler (`jaxrl_llm/sampling.py`) records, so that
+the same definition the sampler (`jaxrl_llm/sampling/`) records, so that
 `logp == old_logp` on the first pass over a batch when the trainer and the sampler
 agree.
 

@@ -29,7 +29,7 @@ after `config.train.max_consecutive_skips` of them in a row.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -218,7 +218,7 @@ def policy_step(state: TrainState, batch, base=None, *, model_static: models.Mod
         model, piece, temperature=temperature, chunk_size=chunk_size,
         entropy_grad=algo.loss.entropy_coef != 0, replay=replay, with_router=True,
         dropout_rng=dropout_rng)
-    old_logp = piece.get("old_logp", jax.lax.stop_gradient(logp))  # absent: see loop._prepare
+    old_logp = piece.get("old_logp", jax.lax.stop_gradient(logp))  # absent: see prepare.prepare_batch
     loss, metrics = objectives.policy_loss(
         logp, old_logp, piece["advantages"], piece["loss_mask"], algo,
         ref_logp=piece.get("ref_logp"), entropy=entropy, teacher_logp=piece.get("teacher_logp"),
@@ -281,6 +281,3 @@ def _apply_unless_nonfinite(optimizer, loss, grads, params, opt_state):
 
 def next_step(state: TrainState) -> TrainState:
   return state.replace(step=state.step + 1)
-
-
-Batch = dict[str, Any]
