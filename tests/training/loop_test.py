@@ -12,7 +12,7 @@ from absl.testing import absltest, parameterized
 from configs import smoke
 from jaxrl_llm import paths, training
 from jaxrl_llm.training import metrics as metrics_lib
-from tests.training.run_logs import comparable, read_jsonl, resume_from_step_two
+from tests.training.run_logs import assert_rows_close, comparable, read_jsonl, resume_from_step_two
 
 # ppo, grpo, gspo, dapo and sft run in unchanged_metrics_test.py, every metric checked against
 # a record; opd (a teacher) in distillation_test.py.
@@ -116,10 +116,7 @@ class ResumeTest(absltest.TestCase):
     self.assertEqual([r["step"] for r in rows], [1, 2, 3, 4])
     resumed = resume_from_step_two(config, first, self.create_tempdir().full_path)
     self.assertEqual([r["step"] for r in resumed], [1, 2, 3, 4])
-    for a, b in zip(rows[2:], resumed[2:]):
-      a, b = comparable(a), comparable(b)
-      for k in a:
-        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert_rows_close(rows[2:], resumed[2:], rtol=1e-5, atol=1e-6)
 
   def test_incompatible_checkpoint_is_refused(self):
     config = _small_config(steps=2)

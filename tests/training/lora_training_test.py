@@ -17,7 +17,7 @@ from jaxrl_llm import assets, models, training
 from jaxrl_llm.models import lora
 from jaxrl_llm.training import setup as setup_lib
 from tests.training import async_configs
-from tests.training.run_logs import comparable, read_jsonl, resume_from_step_two
+from tests.training.run_logs import assert_rows_close, read_jsonl, resume_from_step_two
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -62,10 +62,7 @@ class LoraTrainingTest(absltest.TestCase):
     resumed = resume_from_step_two(config, first, second)
     rows = read_jsonl(first)
     self.assertEqual([r["step"] for r in resumed], [1, 2, 3, 4])
-    for a, b in zip(rows[2:], resumed[2:]):
-      a, b = comparable(a), comparable(b)
-      for k in a:
-        np.testing.assert_allclose(a[k], b[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    assert_rows_close(rows[2:], resumed[2:], rtol=1e-6, atol=1e-7)
     adapters = [safetensors.numpy.load_file(os.path.join(d, "adapter", lora.PEFT_WEIGHTS_FILE))
                 for d in (first, second)]
     self.assertEqual(adapters[0].keys(), adapters[1].keys())

@@ -3,6 +3,8 @@ import json
 import os
 import shutil
 
+import numpy as np
+
 from jaxrl_llm import training
 
 # Wall-clock and throughput fields differ run to run; everything else must not.
@@ -17,6 +19,14 @@ def read_jsonl(workdir):
 
 def comparable(row):
   return {k: v for k, v in row.items() if k not in TIMING}
+
+
+def assert_rows_close(rows, others, rtol, atol):
+  """Each row's comparable metrics equal the other run's row's (same steps, in order)."""
+  for a, b in zip(rows, others):
+    a, b = comparable(a), comparable(b)
+    for k in a:
+      np.testing.assert_allclose(a[k], b[k], rtol=rtol, atol=atol, err_msg=f"step {a['step']} {k}")
 
 
 def resume_from_step_two(config, first, second):
