@@ -32,9 +32,9 @@ class Instruction:
 @dataclasses.dataclass
 class Computation:
   instructions: dict[str, Instruction]  # in program order
-  params: dict[int, str]                 # parameter number -> its instruction's name
+  params: dict[int, str]                # parameter number -> its instruction's name
   root: str = ""
-  collective: bool = False               # holds a collective
+  collective: bool = False              # holds a collective
 
 
 def _bracket_end(text: str, start: int = 0) -> int:

@@ -88,9 +88,9 @@ def local_share(cfg, mesh: Mesh | None, rules) -> float:
   its own experts' rows (1 without expert parallelism)."""
   if not cfg.num_experts or not applies(mesh, rules):
     return 1.0
-  shape = (cfg.num_experts, cfg.hidden_size, 2, cfg.moe_intermediate_size)
-  axes = _axes(sh.logical_to_spec((sh.EXPERT, None, None, sh.MLP), shape, mesh, rules)[0])
-  return 1.0 / math.prod(mesh.shape[a] for a in axes)
+  E, D, F = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+  layout = specs((1, 1, D), (E, D, 2, F), (E, F, D), mesh, rules)  # the layer's own layout
+  return 1.0 / math.prod(mesh.shape[a] for a in layout["experts"])
 
 
 def first_expert(expert_axes: tuple[str, ...], local_experts: int):
