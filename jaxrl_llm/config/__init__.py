@@ -19,7 +19,8 @@ from jaxrl_llm.config.schema import (REQUIRED, ConfigDict, base_config, finalize
                                      shrink_for_local, source_config)
 from jaxrl_llm.config.errors import ConfigError
 from jaxrl_llm.config.inputs import check_inputs
-from jaxrl_llm.config.validate import check_known_keys, check_writable, unknown_key, validate
+from jaxrl_llm.config.keys import check_known_keys, unknown_key
+from jaxrl_llm.config.validate import check_writable, validate
 
 __all__ = ["REQUIRED", "ConfigDict", "ConfigError", "base_config", "check_inputs", "check_known_keys",
            "check_writable", "finalize", "make_preset", "parse_arg", "preset", "ref",
