@@ -131,6 +131,27 @@ def sampling_config() -> ConfigDict:
   })
 
 
+def _loss_config() -> dict:
+  """`algo.loss`: the policy-gradient term, its ratio, trust region and aggregation."""
+  return {
+      "pg_coef": 1.0,  # weight of the policy-gradient term; 0: pure distillation (opd)
+      "ratio": "token",  # token | sequence | sequence_token | none
+      "trust_region": "clip",  # clip | cispo | gmpo | sapo | dppo_tv | ipo | none
+      "clip_low": 0.2,
+      "clip_high": 0.2,
+      "dual_clip": 0.0,  # 0 = off, else c > 1
+      "tau_pos": 1.0,  # sapo only
+      "tau_neg": 1.05,  # sapo only
+      "prob_low": 0.2,  # dppo_tv / ipo: largest fall of a token's probability pi - mu
+      "prob_high": 0.2,  # dppo_tv / ipo: largest rise
+      "log_ratio_coef": 1e-3,  # dppo_tv / ipo: weight of (log rho)^2 per token
+      "aggregation": "seq_mean_token_mean",
+      "norm_length": 0,  # seq_mean_token_sum_norm only
+      "entropy_coef": 0.0,
+      "reducer": "",  # user reducer "pkg.module:fn": fn(loss_BT, mask_BT, counts, loss_cfg)
+  }
+
+
 def algo_config(sampling: ConfigDict) -> ConfigDict:
   """The algorithm as data: one choice per axis (docs/objectives.md), GRPO's values."""
   algo = ConfigDict({
@@ -145,23 +166,7 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
           "whiten": False,  # gae only: whiten advantages over the batch's valid tokens
           "decay": 0.95,  # rae only: b <- decay*b + (1 - decay)*r after each row
       },
-      "loss": {
-          "pg_coef": 1.0,  # weight of the policy-gradient term; 0: pure distillation (opd)
-          "ratio": "token",  # token | sequence | sequence_token | none
-          "trust_region": "clip",  # clip | cispo | gmpo | sapo | dppo_tv | ipo | none
-          "clip_low": 0.2,
-          "clip_high": 0.2,
-          "dual_clip": 0.0,  # 0 = off, else c > 1
-          "tau_pos": 1.0,  # sapo only
-          "tau_neg": 1.05,  # sapo only
-          "prob_low": 0.2,  # dppo_tv / ipo: largest fall of a token's probability pi - mu
-          "prob_high": 0.2,  # dppo_tv / ipo: largest rise
-          "log_ratio_coef": 1e-3,  # dppo_tv / ipo: weight of (log rho)^2 per token
-          "aggregation": "seq_mean_token_mean",
-          "norm_length": 0,  # seq_mean_token_sum_norm only
-          "entropy_coef": 0.0,
-          "reducer": "",  # user reducer "pkg.module:fn": fn(loss_BT, mask_BT, counts, loss_cfg)
-      },
+      "loss": _loss_config(),
       "kl": {
           "coef": 0.04,
           "estimator": "k3",  # k1 | k2 | k3
