@@ -338,6 +338,19 @@ def masked_whiten(x: Array, mask: Array, eps: float) -> Array:
 # ---------------------------------------------------------------- the trainer's entry
 
 
+def _reward_kl(mask_BT: Array, cfg, logp_BT: Array | None, ref_logp_BT: Array | None
+               ) -> tuple[Array, float]:
+  """(per-token kl_t, β) charged as a reward (`cfg.kl.placement == 'reward'`), else (0, 0)."""
+  if not (cfg.kl.placement == "reward" and cfg.kl.coef > 0):
+    return jnp.zeros_like(mask_BT), 0.0
+  if logp_BT is None or ref_logp_BT is None:
+    raise ValueError("KL in the reward needs logp_BT and ref_logp_BT.")
+  valid_BT = mask_BT > 0  # padding log-probs may be anything
+  kl_BT = kl_lib.kl_divergence(jnp.where(valid_BT, logp_BT, 0.0),
+                               jnp.where(valid_BT, ref_logp_BT, 0.0), cfg.kl.estimator)
+  return kl_BT, cfg.kl.coef
+
+
 def token_advantages(
     rewards_PG: Array,
     mask_BT: Array,
@@ -382,15 +395,7 @@ def token_advantages(
   P, G = rewards_PG.shape
   mask_BT = mask_BT.astype(jnp.float32)
   rewards_B = jax.lax.stop_gradient(rewards_PG.astype(jnp.float32)).reshape(P * G)
-  kl_BT, kl_coef = jnp.zeros_like(mask_BT), 0.0
-  if cfg.kl.placement == "reward" and cfg.kl.coef > 0:
-    if logp_BT is None or ref_logp_BT is None:
-      raise ValueError("KL in the reward needs logp_BT and ref_logp_BT.")
-    valid_BT = mask_BT > 0  # padding log-probs may be anything
-    kl_BT = kl_lib.kl_divergence(jnp.where(valid_BT, logp_BT, 0.0),
-                                 jnp.where(valid_BT, ref_logp_BT, 0.0), cfg.kl.estimator)
-    kl_coef = cfg.kl.coef
-
+  kl_BT, kl_coef = _reward_kl(mask_BT, cfg, logp_BT, ref_logp_BT)
   name = cfg.advantage.estimator
   if name in STATEFUL_ESTIMATORS and not cfg.advantage.fn:
     if baselines_B is None:
