@@ -278,21 +278,9 @@ def policy_loss(
 
   log_ratio = logp - old_logp
   ratio = _lookup(RATIOS, loss_cfg.ratio, "importance ratio")(log_ratio, mask)
-  trust_region = _lookup(TRUST_REGIONS, loss_cfg.trust_region, "trust region")
-  if loss_cfg.ratio == "none" and loss_cfg.trust_region != "none":
-    raise ValueError(f"Ratio 'none' needs trust_region 'none', got {loss_cfg.trust_region!r}.")
-  metrics, flags = {"pg_loss": jnp.zeros((), jnp.float32)}, {}
-  if loss_cfg.pg_coef != 0 or "pg" in row_weights:  # 0: pure distillation, no advantage read
-    if loss_cfg.ratio == "none":
-      pg_BT = -adv * logp
-    else:
-      pg_BT, flags = trust_region(ratio, adv, logp, log_ratio, mask, loss_cfg)
-    if "pg" in row_weights:
-      weight_B1 = row_weights["pg"].astype(jnp.float32)[:, None]
-      metrics["pg_loss"] = reduce(weight_B1 * pg_BT, aggregation.rows_mask(mask, weight_B1),
-                                  counts["pg"], loss_cfg)
-    else:
-      metrics["pg_loss"] = loss_cfg.pg_coef * reduce(pg_BT, mask, counts, loss_cfg)
+  pg_loss, flags = _pg_term(logp, log_ratio, ratio, adv, mask, counts, loss_cfg, reduce,
+                            row_weights.get("pg"))
+  metrics = {"pg_loss": pg_loss}
   metrics.update(_kl_and_entropy_terms(logp, ref_logp, entropy, valid, mask, counts, cfg, reduce))
   metrics.update(_distillation_term(logp, old_logp, teacher_logp, mask, counts, cfg,
                                     row_weights.get("distill")))
@@ -300,6 +288,27 @@ def policy_loss(
              if k in metrics)
   metrics.update(_ratio_diagnostics(log_ratio, ratio, flags, mask, counts))
   return loss, metrics
+
+
+def _pg_term(logp, log_ratio, ratio, adv, mask, counts, loss_cfg, reduce, row_weight_B=None):
+  """(the policy-gradient term, its trust region's flags): `cfg.loss.pg_coef` (or a mixed
+  run's per-row weights, normalised over their rows) times the reduced `ℓ_pg`; 0 and no
+  flags when the coefficient is 0 (pure distillation: no advantage read)."""
+  trust_region = _lookup(TRUST_REGIONS, loss_cfg.trust_region, "trust region")
+  if loss_cfg.ratio == "none" and loss_cfg.trust_region != "none":
+    raise ValueError(f"Ratio 'none' needs trust_region 'none', got {loss_cfg.trust_region!r}.")
+  if loss_cfg.pg_coef == 0 and row_weight_B is None:
+    return jnp.zeros((), jnp.float32), {}
+  flags = {}
+  if loss_cfg.ratio == "none":
+    pg_BT = -adv * logp
+  else:
+    pg_BT, flags = trust_region(ratio, adv, logp, log_ratio, mask, loss_cfg)
+  if row_weight_B is None:
+    return loss_cfg.pg_coef * reduce(pg_BT, mask, counts, loss_cfg), flags
+  weight_B1 = row_weight_B.astype(jnp.float32)[:, None]
+  return reduce(weight_B1 * pg_BT, aggregation.rows_mask(mask, weight_B1), counts["pg"],
+                loss_cfg), flags
 
 
 def _distillation_term(logp, old_logp, teacher_logp, mask, counts, cfg,
