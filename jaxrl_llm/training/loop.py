@@ -46,15 +46,7 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
       cannot resume, before anything is loaded or written.
   """
   # ---------------------------------------------------------------- Plan and set-up
-  config_lib.validate(config, devices, workdir, data=True)
-  plan = plan_lib.make_plan(config)
-  ckpt, latest = resume.open_checkpoints(workdir, config, plan, resume_with_changes)
-  try:
-    setup = setup_lib.set_up(config, plan, devices)
-    start = resume.start_point(setup, ckpt, latest, config.seed)
-  except config_lib.ConfigError:
-    ckpt.close()
-    raise
+  plan, setup, ckpt, start = _set_up(config, workdir, devices, resume_with_changes)
   _record_config(config, workdir, print_config)
   t, programs, mesh = config.train, setup.programs, setup.models.mesh
   feed = feed_lib.Feed(config, plan, setup, start)
@@ -84,14 +76,7 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
         rollout, t_sample, t_reward = feed.get(step, state.policy_params)
         # ---------------------------------------------------------------- Log-probs, advantages
         t0 = time.perf_counter()
-        arrays = prepare.batch_arrays(rollout, config.sampling.num_samples,
-                                      plan.algo.overlong.mask_truncated)
-        batch, prepare_metrics, baselines = programs.prepare(
-            prepare.place_batch(arrays, mesh, setup.models.rules), as_policy(state),
-            setup.models.reference, _value_model(setup, state), setup.models.teacher,
-            state.baselines)
-        state = state.replace(baselines=baselines)
-        jax.block_until_ready(batch)
+        state, arrays, batch, prepare_metrics = _prepare(config, plan, setup, state, rollout)
         t_logprob = time.perf_counter() - t0
         # ---------------------------------------------------------------- Update
         t0 = time.perf_counter()
@@ -132,6 +117,35 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
     ckpt.close()
     writer.close()
   return row
+
+
+def _set_up(config, workdir: str, devices, resume_with_changes: bool):
+  """(plan, setup, checkpointer, start): the config checked, the plan made, the workdir's
+  checkpoints opened (refused before anything loads if this config cannot resume them),
+  the models set up and the start restored; the checkpointer is closed on a refusal."""
+  config_lib.validate(config, devices, workdir, data=True)
+  plan = plan_lib.make_plan(config)
+  ckpt, latest = resume.open_checkpoints(workdir, config, plan, resume_with_changes)
+  try:
+    setup = setup_lib.set_up(config, plan, devices)
+    return plan, setup, ckpt, resume.start_point(setup, ckpt, latest, config.seed)
+  except config_lib.ConfigError:
+    ckpt.close()
+    raise
+
+
+def _prepare(config, plan, setup, state, rollout):
+  """(state, arrays, batch, metrics): the rollout's arrays placed on the mesh, then the
+  old, reference and teacher log-probs, values and advantages (`programs.prepare`),
+  waited for; the state takes the step's new baselines."""
+  arrays = prepare.batch_arrays(rollout, config.sampling.num_samples,
+                                plan.algo.overlong.mask_truncated)
+  batch, metrics, baselines = setup.programs.prepare(
+      prepare.place_batch(arrays, setup.models.mesh, setup.models.rules),
+      setup.models.trained_policy(state.policy_params), setup.models.reference,
+      _value_model(setup, state), setup.models.teacher, state.baselines)
+  jax.block_until_ready(batch)
+  return state.replace(baselines=baselines), arrays, batch, metrics
 
 
 def _checkpoint_meta(config, plan, setup, done: int, rollout, guard) -> dict:
