@@ -50,6 +50,8 @@ and the default device set to the TPU, for a compile-only host.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import jax
@@ -207,13 +209,37 @@ def continuous_program(model: models.Model, pool, tokens_PS, mask_PS, budget_R, 
                            model.params, pool, tokens_PS, mask_PS, budget_R, key)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Engine:
+  """What an engine's admit and decode steps read and never change: the model, the
+  settings, the sizes, the prompts' prefill and the requests' keys and budgets."""
+  model: models.Model
+  s: SamplingSettings
+  tune: decode.DecodeTuning
+  P: int  # prompts
+  M: int  # slots
+  SP: int  # pages of a prompt
+  OWN: int  # most own pages of a slot
+  spare: int  # the page that slots without a page of their own write to
+  in_place: bool  # the TPU's layout: the layer scan reads the stacked pool in place
+  logits_PV: jax.Array  # each prompt's last logits
+  next_position_P: jax.Array
+  mask_PS: jax.Array
+  keys_R: jax.Array
+  budget_R: jax.Array
+
+  @property
+  def R(self) -> int:  # requests
+    return self.P * self.s.num_samples
+
+
 def _engine(model: models.Model, pool, tokens_PS, mask_PS, budget_R, keys_R, M: int,
             s: SamplingSettings, tune: decode.DecodeTuning | None = None):
   """One engine of M slots over `pool` for the P prompts' R = P*G requests (keys `keys_R`;
   `tune`: the decode tuning, default `model`'s)."""
   P, S0 = tokens_PS.shape
-  G, N, Q = s.num_samples, s.max_new_tokens, s.page_size
-  R = P * G
+  N, Q = s.max_new_tokens, s.page_size
+  R = P * s.num_samples
   SP, OWN = S0 // Q, -(-N // Q)  # pages of a prompt, most own pages of a slot
   unrolled = isinstance(pool, tuple)
   model, own_tune = decode.decode_model(model, s, unrolled)
@@ -222,93 +248,15 @@ def _engine(model: models.Model, pool, tokens_PS, mask_PS, budget_R, keys_R, M: 
   prompt_cache, logits_PV, positions_PS = decode.prefill(model, tokens_PS, mask_PS, tune, unrolled)
   pool = kv_cache.put_pages(pool, kv_cache.as_pages(prompt_cache, Q))  # prompt p: pages p*SP...
   first_own, spare = P * SP, P * SP + M * OWN  # own pages [first_own, spare), one spare page
-  next_position_P = positions_PS[:, -1] + 1
-  sizes = read_sizes(OWN)
-  # The TPU's layout: the layer scan reads the stacked pool in place (`kv_cache.PagedIndex`).
-  in_place = not unrolled and tune.key_layout == "slot_major"
-
-  def admit(st: _State) -> _State:
-    """Empty slots take the next requests and choose their first token."""
-    empty_M = st.slot_request < 0
-    request_M = st.next_request + jnp.cumsum(empty_M) - 1
-    new_M = empty_M & (request_M < R)
-    request_M = jnp.where(new_M, request_M, st.slot_request)
-    prompt_M = jnp.clip(request_M // G, 0, P - 1)
-    table_MP = jnp.where(new_M[:, None], jnp.concatenate(
-        [prompt_M[:, None] * SP + jnp.arange(SP)[None], jnp.full((M, OWN), spare)], axis=1),
-                         st.block_table)
-    st = st.replace(slot_request=request_M, block_table=table_MP,
-                    slot_chosen=jnp.where(new_M, 0, st.slot_chosen),
-                    next_request=st.next_request + jnp.sum(new_M, dtype=jnp.int32))
-    token_M, logp_M = choose.choose_tokens(
-        logits_PV[prompt_M], choose.token_keys(keys_R[jnp.clip(request_M, 0, R - 1)], 0), s)
-    st = _record(st, new_M, token_M, logp_M, s)
-    eos_M = choose.is_eos(token_M, s)
-    budget_M = budget_R[jnp.clip(request_M, 0, R - 1)]
-    return _finish(st, new_M & (eos_M | (budget_M == 1)), eos_M, SP, Q)
-
-  def decode_step(st: _State) -> _State:
-    """Feeds every live slot's last token and chooses its next one."""
-    live_M = st.slot_request >= 0
-    request_M = jnp.clip(st.slot_request, 0, R - 1)
-    prompt_M = request_M // G
-    w_M = jnp.maximum(st.slot_chosen - 1, 0)  # own slot of the fed token
-    page_col_M = SP + w_M // Q
-    # A slot whose token opens a page takes one from the top of the free stack.
-    opens_M = live_M & (w_M % Q == 0)
-    top_M = st.free_count - jnp.cumsum(opens_M)
-    taken_M = st.free_pages[jnp.clip(top_M, 0, st.free_pages.shape[0] - 1)]
-    rows_M = jnp.arange(M)
-    table_MP = st.block_table.at[rows_M, page_col_M].set(
-        jnp.where(opens_M, taken_M, st.block_table[rows_M, page_col_M]))
-    free_count = st.free_count - jnp.sum(opens_M, dtype=jnp.int32)
-    write_page_M = jnp.where(live_M, table_MP[rows_M, page_col_M], spare)
-    own_valid_MO = jnp.arange(OWN * Q)[None] < jnp.where(live_M, w_M, 0)[:, None]
-    valid_MS = jnp.concatenate([mask_PS[prompt_M], own_valid_MO.astype(jnp.int32)], axis=1)
-    positions_M = next_position_P[prompt_M] + w_M
-    keys_M = choose.token_keys(keys_R[request_M], st.slot_chosen)
-    # Live slots first, longest first: a step runs the smallest batch size that holds the
-    # live slots, and its groups of slots read about their own longest sequence.
-    pages_M = jnp.where(live_M, w_M // Q + 1, 0)
-    order_M = jnp.argsort(-pages_M, stable=True)
-
-    def run(b: int):
-      def batch(pool):
-        at_b = order_M[:b]
-        groups = _groups(b)
-        longest_g = jnp.maximum(pages_M[at_b][jnp.asarray([lo for lo, _ in groups])], 1)
-        index = kv_cache.PagedIndex(
-            block_table=table_MP[at_b],
-            read_branch=jnp.searchsorted(jnp.asarray(sizes), longest_g).astype(jnp.int32),
-            read_pages=tuple(SP + n for n in sizes), groups=groups,
-            pool=pool if in_place else None)
-        cache = kv_cache.pool_layers(model.config.num_layers) if in_place else pool
-        logits_b1V, cache = decode.forward(model, st.slot_token[at_b][:, None],
-                                           positions_M[at_b][:, None], valid_MS[at_b], cache,
-                                           index, tune=tune)
-        token_b, logp_b = choose.choose_tokens(logits_b1V[:, 0], keys_M[at_b], s)
-        # Back in slot order, for all M slots (the others write to the spare page).
-        in_slots = lambda x, axis: jnp.zeros(x.shape[:axis] + (M,) + x.shape[axis + 1:],
-                                             x.dtype).at[(slice(None),) * axis + (at_b,)].set(x)
-        new_kv = jax.tree.map(lambda x: in_slots(x, x.ndim - 4), kv_cache.pending(cache))
-        return in_slots(token_b, 0), in_slots(logp_b, 0), new_kv
-      return batch
-
-    sizes_b = batch_sizes(M)
-    live = jnp.sum(live_M, dtype=jnp.int32)
-    token_M, logp_M, (k_new, v_new) = jax.lax.switch(
-        jnp.searchsorted(jnp.asarray(sizes_b), live), [run(b) for b in sizes_b], st.pool)
-    pool = kv_cache.write_pages(st.pool, k_new, v_new, write_page_M, w_M % Q)
-    st = st.replace(block_table=table_MP, free_count=free_count, pool=pool, steps=st.steps + 1,
-                    peak_pages=jnp.maximum(st.peak_pages, M * OWN - free_count))
-    st = _record(st, live_M, token_M, logp_M, s)
-    eos_M = choose.is_eos(token_M, s)
-    return _finish(st, live_M & (eos_M | (st.slot_chosen == budget_R[request_M])), eos_M, SP, Q)
+  e = _Engine(model, s, tune, P, M, SP, OWN, spare,
+              in_place=not unrolled and tune.key_layout == "slot_major",
+              logits_PV=logits_PV, next_position_P=positions_PS[:, -1] + 1, mask_PS=mask_PS,
+              keys_R=keys_R, budget_R=budget_R)
 
   def step(st: _State) -> _State:
     waiting = jnp.any(st.slot_request < 0) & (st.next_request < R)
-    st = jax.lax.cond(waiting, admit, lambda st: st, st)
-    return decode_step(st)
+    st = jax.lax.cond(waiting, functools.partial(_admit, e), lambda st: st, st)
+    return _decode_step(e, st)
 
   def running(st: _State):
     return (st.next_request < R) | jnp.any(st.slot_request >= 0)
@@ -324,3 +272,86 @@ def _engine(model: models.Model, pool, tokens_PS, mask_PS, budget_R, keys_R, M: 
   st = jax.lax.while_loop(running, step, st)
   out = output.from_lengths(st.tokens_RN, st.logprobs_RN, st.lengths_R, st.ended_R)
   return out, st.pool, {"steps": st.steps, "peak_pages": st.peak_pages}
+
+
+def _admit(e: _Engine, st: _State) -> _State:
+  """Empty slots take the next requests and choose their first token."""
+  G, R, M, SP, OWN = e.s.num_samples, e.R, e.M, e.SP, e.OWN
+  empty_M = st.slot_request < 0
+  request_M = st.next_request + jnp.cumsum(empty_M) - 1
+  new_M = empty_M & (request_M < R)
+  request_M = jnp.where(new_M, request_M, st.slot_request)
+  prompt_M = jnp.clip(request_M // G, 0, e.P - 1)
+  table_MP = jnp.where(new_M[:, None], jnp.concatenate(
+      [prompt_M[:, None] * SP + jnp.arange(SP)[None], jnp.full((M, OWN), e.spare)], axis=1),
+                       st.block_table)
+  st = st.replace(slot_request=request_M, block_table=table_MP,
+                  slot_chosen=jnp.where(new_M, 0, st.slot_chosen),
+                  next_request=st.next_request + jnp.sum(new_M, dtype=jnp.int32))
+  token_M, logp_M = choose.choose_tokens(
+      e.logits_PV[prompt_M], choose.token_keys(e.keys_R[jnp.clip(request_M, 0, R - 1)], 0), e.s)
+  st = _record(st, new_M, token_M, logp_M, e.s)
+  eos_M = choose.is_eos(token_M, e.s)
+  budget_M = e.budget_R[jnp.clip(request_M, 0, R - 1)]
+  return _finish(st, new_M & (eos_M | (budget_M == 1)), eos_M, SP, e.s.page_size)
+
+
+def _decode_step(e: _Engine, st: _State) -> _State:
+  """Feeds every live slot's last token and chooses its next one."""
+  M, SP, Q = e.M, e.SP, e.s.page_size
+  live_M = st.slot_request >= 0
+  request_M = jnp.clip(st.slot_request, 0, e.R - 1)
+  prompt_M = request_M // e.s.num_samples
+  w_M = jnp.maximum(st.slot_chosen - 1, 0)  # own slot of the fed token
+  page_col_M = SP + w_M // Q
+  # A slot whose token opens a page takes one from the top of the free stack.
+  opens_M = live_M & (w_M % Q == 0)
+  top_M = st.free_count - jnp.cumsum(opens_M)
+  taken_M = st.free_pages[jnp.clip(top_M, 0, st.free_pages.shape[0] - 1)]
+  rows_M = jnp.arange(M)
+  table_MP = st.block_table.at[rows_M, page_col_M].set(
+      jnp.where(opens_M, taken_M, st.block_table[rows_M, page_col_M]))
+  free_count = st.free_count - jnp.sum(opens_M, dtype=jnp.int32)
+  write_page_M = jnp.where(live_M, table_MP[rows_M, page_col_M], e.spare)
+  own_valid_MO = jnp.arange(e.OWN * Q)[None] < jnp.where(live_M, w_M, 0)[:, None]
+  valid_MS = jnp.concatenate([e.mask_PS[prompt_M], own_valid_MO.astype(jnp.int32)], axis=1)
+  positions_M = e.next_position_P[prompt_M] + w_M
+  keys_M = choose.token_keys(e.keys_R[request_M], st.slot_chosen)
+  # Live slots first, longest first: a step runs the smallest batch size that holds the
+  # live slots, and its groups of slots read about their own longest sequence.
+  pages_M = jnp.where(live_M, w_M // Q + 1, 0)
+  order_M = jnp.argsort(-pages_M, stable=True)
+  sizes = read_sizes(e.OWN)
+
+  def run(b: int):
+    def batch(pool):
+      at_b = order_M[:b]
+      groups = _groups(b)
+      longest_g = jnp.maximum(pages_M[at_b][jnp.asarray([lo for lo, _ in groups])], 1)
+      index = kv_cache.PagedIndex(
+          block_table=table_MP[at_b],
+          read_branch=jnp.searchsorted(jnp.asarray(sizes), longest_g).astype(jnp.int32),
+          read_pages=tuple(SP + n for n in sizes), groups=groups,
+          pool=pool if e.in_place else None)
+      cache = kv_cache.pool_layers(e.model.config.num_layers) if e.in_place else pool
+      logits_b1V, cache = decode.forward(e.model, st.slot_token[at_b][:, None],
+                                         positions_M[at_b][:, None], valid_MS[at_b], cache,
+                                         index, tune=e.tune)
+      token_b, logp_b = choose.choose_tokens(logits_b1V[:, 0], keys_M[at_b], e.s)
+      # Back in slot order, for all M slots (the others write to the spare page).
+      in_slots = lambda x, axis: jnp.zeros(x.shape[:axis] + (M,) + x.shape[axis + 1:],
+                                           x.dtype).at[(slice(None),) * axis + (at_b,)].set(x)
+      new_kv = jax.tree.map(lambda x: in_slots(x, x.ndim - 4), kv_cache.pending(cache))
+      return in_slots(token_b, 0), in_slots(logp_b, 0), new_kv
+    return batch
+
+  sizes_b = batch_sizes(M)
+  live = jnp.sum(live_M, dtype=jnp.int32)
+  token_M, logp_M, (k_new, v_new) = jax.lax.switch(
+      jnp.searchsorted(jnp.asarray(sizes_b), live), [run(b) for b in sizes_b], st.pool)
+  pool = kv_cache.write_pages(st.pool, k_new, v_new, write_page_M, w_M % Q)
+  st = st.replace(block_table=table_MP, free_count=free_count, pool=pool, steps=st.steps + 1,
+                  peak_pages=jnp.maximum(st.peak_pages, M * e.OWN - free_count))
+  st = _record(st, live_M, token_M, logp_M, e.s)
+  eos_M = choose.is_eos(token_M, e.s)
+  return _finish(st, live_M & (eos_M | (st.slot_chosen == e.budget_R[request_M])), eos_M, SP, Q)
