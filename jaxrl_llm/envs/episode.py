@@ -46,6 +46,8 @@ class Episode:
     logprobs: the sampler's log-probs on the model's tokens, 0.0 elsewhere.
     messages: the conversation: opening messages, the model's turns as decoded text,
       the environment's messages; only what is in `tokens`.
+    tools: the tool schemas the chat template rendered into the opening (the renderer's;
+      None without tools): with `messages`, what the template turns into `tokens`.
     turn_lengths: the model's tokens in each of its turns.
     turn_rewards: the environment's reward for each model turn (0.0 until stepped).
     turn_infos: the environment's `info` for each stepped turn.
@@ -62,11 +64,12 @@ class Episode:
   turn_infos: list[dict] = dataclasses.field(default_factory=list)
   parts: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
   ended: str | None = None
+  tools: list[dict] | None = None
 
   @classmethod
   def start(cls, renderer: chat.ChatRenderer, messages: list[dict]) -> "Episode":
     """An episode holding the opening `messages`, rendered for the model's first turn."""
-    episode = cls()
+    episode = cls(tools=[dict(t) for t in renderer.tools] if renderer.tools else None)
     episode._append(renderer.prompt_ids(messages), PROMPT, messages)
     return episode
 
@@ -131,12 +134,17 @@ class Episode:
   def as_row(self) -> dict:
     """The episode's fields of a rollouts.jsonl row (see training/rollout_log.py).
 
+    `messages` is the whole conversation, the opening (system prompt, user) included;
+    `tools` (only where the template rendered tool schemas) holds them, so that
+    `apply_chat_template(messages, tools=tools)` gives the text of `tokens`.
     `reward`/`reward_parts` hold the environment's turn rewards only ({'env': total});
     the trainer adds its reward functions' parts and total.
     """
     env_reward = float(sum(self.turn_rewards))
+    tools = {"tools": [dict(t) for t in self.tools]} if self.tools else {}
     return {
         "messages": [dict(m) for m in self.messages],
+        **tools,
         "turn_roles": [p[0] for p in self.parts],
         "turn_messages": [p[1] for p in self.parts],
         "turn_tokens": [p[2] for p in self.parts],

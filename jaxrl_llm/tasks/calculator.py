@@ -7,7 +7,7 @@
 Operands are integers in [min_value, max_value] (default 10..99): products a tiny model
 cannot work out in its head, but can copy from the tool
 (`jaxrl_llm.envs.calculator:CalculatorEnv`, whose turn without a call ends the episode).
-The reward functions score the last model turn: `arithmetic_exact` (the answer) and
+The reward functions score the last model turn: `calculator_exact` (the answer) and
 `calculator_valid_call` (weight 0: the valid-call rate, logged).
 
 A sloppy teacher for SFT (the agent demo's warm start, configs/sft_calculator.py): its
@@ -76,6 +76,6 @@ def demonstration(record: dict, rng: random.Random | None = None, *,
 
 TASK = base.Task(
     load_split=load_split, demonstration=demonstration,
-    reward_functions=("jaxrl_llm.rewards.arithmetic:arithmetic_exact",
+    reward_functions=("jaxrl_llm.rewards.calculator:calculator_exact",
                       "jaxrl_llm.rewards.calculator:calculator_valid_call"),
     reward_weights=(1.0, 0.0), teacher_options=("teacher_skip_tool", "teacher_wrong_name"))

@@ -87,6 +87,12 @@ class EpisodeTest(absltest.TestCase):
     self.assertEqual([m["role"] for m in row["messages"]],
                      ["system", "user", "assistant", "tool", "assistant"])
     self.assertEqual((row["num_turns"], row["ended"], row["reward"]), (2, "done", 0.0))
+    # The whole conversation: the messages and the tools the opening rendered are what the
+    # chat template turns into the row's tokens.
+    self.assertEqual(row["tools"], td.CalcEnv().tool_schemas())
+    text = r.tokenizer.apply_chat_template(row["messages"], tools=row["tools"], tokenize=False)
+    self.assertIn("Tools:", text)
+    self.assertEqual(r.encode(text), row["tokens"])
 
   def test_misuse_refused(self):
     r = renderer("char")
@@ -169,6 +175,7 @@ class RunEpisodeTest(parameterized.TestCase):
     r = envs.ChatRenderer(tokenizer, end_of_turn="<|im_end|>")
     episode, _, env = play(r, [ANSWER], stop=False, extra=[tokenizer.eos_token_id])
     self.assertEqual((episode.ended, env.steps), ("eos", 0))
+    self.assertNotIn("tools", episode.as_row())  # no tools rendered, no tools field
 
   def test_plain_environment_with_tuples_and_turn_rewards(self):
     class Quiz(envs.Environment):

@@ -7,6 +7,7 @@ import numpy as np
 from absl.testing import absltest
 
 from jaxrl_llm import assets, data, envs, tasks
+from jaxrl_llm import config as config_lib
 from jaxrl_llm.envs import calculator as calculator_env
 from jaxrl_llm.rewards import calculator as calculator_rewards
 from jaxrl_llm.tasks import calculator
@@ -54,6 +55,15 @@ class CalculatorTaskTest(absltest.TestCase):
     bad = ok[:2] + [{"role": "tool", "content": "error: unknown tool 'c'"}] + ok[3:]
     self.assertEqual(calculator_rewards.calculator_valid_call(
         [""] * 3, [""] * 3, messages=[ok, bad, ok[:2]]), [1.0, 0.0, 0.0])
+
+  def test_exact_reward_is_the_tasks_accuracy(self):
+    self.assertEqual(calculator_rewards.calculator_exact(
+        ["47*83"] * 4, ["3901", "3901.0", "= 3901", "3901\nmore"], [3901] * 4),
+                     [1.0, 0.0, 0.0, 1.0])
+    # Its own name in the metrics (reward/calculator_exact, the demo's headline).
+    self.assertEqual(config_lib.preset("grpo_calculator").rewards.functions,
+                     ("jaxrl_llm.rewards.calculator:calculator_exact",
+                      "jaxrl_llm.rewards.calculator:calculator_valid_call"))
 
   def test_a_demonstration_is_token_exact_with_the_loss_on_the_models_turns(self):
     tokenizer = data.load_tokenizer(assets.path("char_tools_tokenizer"))

@@ -10,7 +10,7 @@ import textwrap
 
 from absl.testing import absltest
 
-from jaxrl_llm import envs
+from jaxrl_llm import data, envs
 from tests.training import agent_testing
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -92,7 +92,16 @@ class AgentCliTest(absltest.TestCase):
     self.assertIn("unknown tool 'nope'", tool)
     self.assertIn("bad arguments for tool 'add'", tool)
     self.assertIn("not valid JSON", tool)
+    tokenizer = data.load_tokenizer(model_dir)
     for r in rows:
+      # The opening is in the row: its messages and the tools the template rendered into it
+      # ("S:Tools: add wait<eos>") give the row's first tokens.
+      self.assertEqual([t["function"]["name"] for t in r["tools"]], ["add", "wait"])
+      opening = tokenizer.apply_chat_template(r["messages"][:r["turn_messages"][0]],
+                                              tools=r["tools"], tokenize=False,
+                                              add_generation_prompt=True)
+      self.assertEqual(tokenizer.encode(opening, add_special_tokens=False),
+                       r["tokens"][:r["turn_tokens"][0]])
       self.assertEqual(len(r["tokens"]), len(r["loss_mask"]))
       self.assertEqual(len(r["tokens"]), len(r["behaviour_logprobs"]))
       self.assertEqual(sum(r["turn_tokens"]), len(r["tokens"]))
