@@ -25,6 +25,9 @@ setuptools.setup(
         "chex",
         "ml_collections",
         "transformers>=4.50",
+        # Chat templates (transformers renders them with jinja2 but does not require it):
+        # every environment's episodes and `config.data.chat_template` prompts use them.
+        "jinja2>=3.1",
         "safetensors",
         "numpy",
         "absl-py",

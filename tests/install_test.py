@@ -1,20 +1,33 @@
-"""A plain (non-editable) install, used from outside the repository, as a notebook or a
-pod installs it: only `jaxrl_llm` lands in site-packages (its presets inside it), and the
-console script trains a preset by name.
+"""Installing the package outside the repository, and what its requirements alone run.
 
-The fresh virtual environment takes its dependencies from the test environment's
-site-packages through a path file (which runs none of that directory's own path files, so
-the repository's editable install stays out): the test needs no network.
+A plain (non-editable) install, used from outside the repository, as a notebook or a pod
+installs it: only `jaxrl_llm` lands in site-packages (its presets inside it), and the
+console script trains a preset by name. Its fresh virtual environment takes its
+dependencies from the test environment's site-packages through a path file (which runs
+none of that directory's own path files, so the repository's editable install stays
+out): the test needs no network.
+
+`make demo`'s environment: the wheel's own requirements (install_requires and the demo
+extra), resolved through the test environment's installed distributions, are linked into
+a folder of their own, and only that folder is on the fresh environment's path, so a
+requirement missing from setup.py (one the test extras bring, as torch brings jinja2) is
+missing there too.
 """
+import collections
+import email
+import importlib.metadata
 import json
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 
 import pytest
 from absl.testing import absltest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ("setup.py", "README.md", "jaxrl_llm", "configs")  # what setup.py packages
@@ -26,30 +39,98 @@ def run(cmd, **kwargs):
   return result
 
 
+def build_wheel(tmp: str) -> str:
+  """The wheel of a copy of the checkout (the build leaves the checkout clean)."""
+  source = os.path.join(tmp, "source")
+  os.makedirs(source)
+  for name in SOURCES:
+    if os.path.isdir(os.path.join(REPO, name)):
+      shutil.copytree(os.path.join(REPO, name), os.path.join(source, name),
+                      ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+      shutil.copy(os.path.join(REPO, name), os.path.join(source, name))
+  run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+       "-w", os.path.join(tmp, "wheels"), source])
+  return os.path.join(tmp, "wheels", os.listdir(os.path.join(tmp, "wheels"))[0])
+
+
+def install_in_fresh_venv(tmp: str, wheel: str, dependencies: str) -> tuple[str, str]:
+  """A new virtual environment holding `wheel`, with the `dependencies` folder on its path
+  (through a path file); returns its bin folder and its site-packages."""
+  venv = os.path.join(tmp, "venv")
+  run([sys.executable, "-m", "venv", "--without-pip", venv])
+  python = os.path.join(venv, "bin", "python")
+  site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+             ).stdout.strip()
+  with open(os.path.join(site, "test_dependencies.pth"), "w") as f:
+    f.write(dependencies + "\n")
+  run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", wheel])
+  return os.path.join(venv, "bin"), site
+
+
+def wheel_requirements(wheel: str, extras: tuple[str, ...]) -> list[Requirement]:
+  """The wheel's Requires-Dist entries that apply with `extras`."""
+  with zipfile.ZipFile(wheel) as z:
+    name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    metadata = email.message_from_bytes(z.read(name))
+  return [r for r in map(Requirement, metadata.get_all("Requires-Dist"))
+          if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in ("",) + extras)]
+
+
+def installed_closure(requirements: list[Requirement]) -> set[str]:
+  """The installed distributions that `requirements` need, followed through their own
+  requirements (with the extras asked of them), as pip would resolve them here."""
+  names, seen, todo = set(), set(), list(requirements)
+  while todo:
+    req = todo.pop()
+    key = (canonicalize_name(req.name), frozenset(req.extras))
+    if key in seen:
+      continue
+    seen.add(key)
+    names.add(key[0])
+    for r in map(Requirement, importlib.metadata.distribution(req.name).requires or ()):
+      if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in {""} | req.extras):
+        todo.append(r)
+  return names
+
+
+def link_distributions(names: set[str], target: str):
+  """Links the files of the installed distributions `names` into `target`: a folder whole
+  where only they own files under it, else folder by folder (namespace packages such as
+  `google/`, which other distributions share)."""
+  owners = collections.defaultdict(set)  # a path in site-packages, or a folder above one
+  entries = collections.defaultdict(set)  # folder ('' at the top) -> names in it to link
+  location = {}
+  for dist in importlib.metadata.distributions():
+    name = canonicalize_name(dist.metadata["Name"])
+    for parts in (f.parts for f in dist.files or () if f.parts[0] != ".."):
+      for i in range(1, len(parts) + 1):
+        owners["/".join(parts[:i])].add(name)
+        if name in names:
+          entries["/".join(parts[:i - 1])].add(parts[i - 1])
+          location["/".join(parts[:i])] = str(dist.locate_file(""))
+
+  def link(folder):
+    for entry in entries[folder]:
+      path = f"{folder}/{entry}" if folder else entry
+      if owners[path] <= names:
+        os.symlink(os.path.join(location[path], path), os.path.join(target, path))
+      else:
+        os.makedirs(os.path.join(target, path))
+        link(path)
+
+  os.makedirs(target)
+  link("")
+
+
 @pytest.mark.slow
 class NonEditableInstallTest(absltest.TestCase):
 
   def test_installs_jaxrl_llm_only_and_trains_a_preset_by_name(self):
     tmp = self.create_tempdir().full_path
-    source = os.path.join(tmp, "source")  # a copy, so the build leaves the checkout clean
-    os.makedirs(source)
-    for name in SOURCES:
-      if os.path.isdir(os.path.join(REPO, name)):
-        shutil.copytree(os.path.join(REPO, name), os.path.join(source, name),
-                        ignore=shutil.ignore_patterns("__pycache__"))
-      else:
-        shutil.copy(os.path.join(REPO, name), os.path.join(source, name))
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", os.path.join(tmp, "wheels"), source])
-    venv = os.path.join(tmp, "venv")
-    run([sys.executable, "-m", "venv", "--without-pip", venv])
-    python = os.path.join(venv, "bin", "python")
-    site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
-               ).stdout.strip()
-    with open(os.path.join(site, "test_dependencies.pth"), "w") as f:
-      f.write(sysconfig.get_paths()["purelib"] + "\n")
-    wheel = os.path.join(tmp, "wheels", os.listdir(os.path.join(tmp, "wheels"))[0])
-    run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", wheel])
+    wheel = build_wheel(tmp)
+    bin_dir, site = install_in_fresh_venv(tmp, wheel, sysconfig.get_paths()["purelib"])
+    python = os.path.join(bin_dir, "python")
 
     installed = sorted(os.listdir(site))
     self.assertIn("jaxrl_llm", installed)
@@ -64,7 +145,7 @@ class NonEditableInstallTest(absltest.TestCase):
                 cwd=outside, env=env).stdout.strip()
     self.assertEqual(where, os.path.join(site, "jaxrl_llm", "presets"))
     workdir = os.path.join(tmp, "run")
-    run([os.path.join(venv, "bin", "jaxrl-llm-train"), "--config=smoke", f"--workdir={workdir}",
+    run([os.path.join(bin_dir, "jaxrl-llm-train"), "--config=smoke", f"--workdir={workdir}",
          "--config.train.steps=1", "--config.logging.tensorboard=false"], cwd=outside, env=env)
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
       rows = [json.loads(line) for line in f]
@@ -95,6 +176,43 @@ class DemoEnvironmentTest(absltest.TestCase):
     self.assertIn("tensorboard", names)
     self.assertIn("matplotlib", names)
     self.assertNotIn("torch", names)
+
+  def test_the_demo_requirements_alone_play_the_agent_demo(self):
+    """The calculator demo, one step, where only the wheel's requirements with its demo
+    extra are installed (no PyTorch, nothing the test extras bring), and no command prints
+    transformers' advice that PyTorch is absent."""
+    tmp = self.create_tempdir().full_path
+    wheel = build_wheel(tmp)
+    names = installed_closure(wheel_requirements(wheel, ("demo",)))
+    self.assertNotIn("torch", names)
+    dependencies = os.path.join(tmp, "dependencies")
+    link_distributions(names, dependencies)
+    bin_dir, _ = install_in_fresh_venv(tmp, wheel, dependencies)
+    python = os.path.join(bin_dir, "python")
+    outside = os.path.join(tmp, "elsewhere")  # no checkout on the path
+    os.makedirs(outside)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["JAX_PLATFORMS"] = "cpu"
+    bare = subprocess.run([python, "-c", "import torch"], cwd=outside, env=env,
+                          capture_output=True, text=True)
+    self.assertIn("No module named 'torch'", bare.stderr)
+    # transformers gives the advice here unless jaxrl_llm is imported first.
+    advice = run([python, "-c", "import transformers"], cwd=outside, env=env).stderr
+    self.assertIn("PyTorch was not found", advice)
+
+    workdir = os.path.join(tmp, "calculator")
+    demo = run([python, os.path.join(REPO, "launch", "demo.py"), "--task=calculator",
+                f"--workdir={workdir}", "--config.train.steps=1",
+                "--config.train.prompts_per_step=2", "--config.data.task_options.num_eval=4",
+                "--config.logging.rollouts_every=1"], cwd=outside, env=env)
+    self.assertIn("held-out accuracy (eval/reward/calculator_exact)", demo.stdout)
+    self.assertNotIn("PyTorch was not found", demo.stderr)
+    with open(os.path.join(workdir, "rollouts.jsonl")) as f:
+      episodes = [json.loads(line) for line in f]
+    self.assertLen(episodes, 2 * 4)  # two problems, four episodes each
+    self.assertEqual(episodes[0]["messages"][0]["role"], "user")  # the opening, and its tools
+    self.assertEqual([t["function"]["name"] for t in episodes[0]["tools"]], ["calc"])
+    self.assertTrue(os.path.isfile(os.path.join(workdir, "curves.png")))
 
 
 if __name__ == "__main__":
