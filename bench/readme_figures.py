@@ -10,7 +10,8 @@ The runs, one after another on the CPU (JAX_PLATFORMS=cpu), each in a process of
   demo        `make demo`'s run (python -m launch.demo: configs/grpo_arithmetic.py, 200 steps)
   notebook    colabs/grpo_quickstart.ipynb top to bottom (the same run, in a Jupyter kernel)
   calculator  the agent demo (python -m launch.demo --task=calculator, 100 steps)
-  moe         configs/grpo_arithmetic_moe.py (200 steps from the shipped MoE warm start)
+  moe         the MoE demo (python -m launch.demo --task=moe: configs/grpo_arithmetic_moe.py,
+              200 steps from the shipped MoE warm start)
 Each run's figures come from its metrics.jsonl: held-out greedy accuracy (the exact-match
 reward, `eval/reward/*_exact`) at every evaluation, and the wall time of the whole run
 (start-up and compilation included). `--write` replaces the text between
@@ -39,7 +40,7 @@ COMMANDS = {
     "demo": ["-m", "launch.demo"],
     "notebook": None,
     "calculator": ["-m", "launch.demo", "--task=calculator"],
-    "moe": ["-m", "launch.train", "--config=configs/grpo_arithmetic_moe.py"],
+    "moe": ["-m", "launch.demo", "--task=moe"],
 }
 NEEDS = {"moe": ("demo",)}  # the MoE table has the dense run beside it
 MARKED = {"demo": ("README.md",), "notebook": ("README.md", NOTEBOOK),

@@ -2,10 +2,12 @@ r"""`make demo`: GRPO on a built-in task from the shipped warm start, then a plo
 
   python -m launch.demo --workdir=workdir/demo [--config.train.steps=60 ...]
   python -m launch.demo --task=calculator --workdir=workdir/calculator   # the agent demo
+  python -m launch.demo --task=moe --workdir=workdir/moe                 # an MoE policy
 
-`--task` picks the config: `arithmetic` (default, configs/grpo_arithmetic.py) or
-`calculator` (configs/grpo_calculator.py: multi-turn episodes with a calculator tool);
-`--config=FILE` replaces it. Prints a progress bar and a held-out accuracy table while it
+`--task` picks the config: `arithmetic` (default, configs/grpo_arithmetic.py),
+`calculator` (configs/grpo_calculator.py: multi-turn episodes with a calculator tool) or
+`moe` (configs/grpo_arithmetic_moe.py: arithmetic from the shipped MoE warm start, with
+routing replay); `--config=FILE` replaces it. Prints a progress bar and a held-out accuracy table while it
 runs; at the end writes DIR/curves.png (reward and held-out accuracy per step) and
 DIR/export/ (the model).
 """
@@ -17,7 +19,8 @@ from ml_collections import config_flags
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 TASKS = {"arithmetic": ("grpo_arithmetic.py", "GRPO on arithmetic (CPU demo)"),
-         "calculator": ("grpo_calculator.py", "GRPO with a calculator tool (CPU agent demo)")}
+         "calculator": ("grpo_calculator.py", "GRPO with a calculator tool (CPU agent demo)"),
+         "moe": ("grpo_arithmetic_moe.py", "GRPO on arithmetic, an MoE with routing replay")}
 
 
 def _task_in_argv(argv) -> str:
