@@ -30,8 +30,8 @@ from jaxrl_llm.models import expert_parallel
 from jaxrl_llm.sampling import decode
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.config import sources as sources_lib
-from jaxrl_llm.training import episodes, flops, prepare
-from jaxrl_llm.training import rollout as rollout_lib
+from jaxrl_llm.training import flops, prepare, rollouts
+from jaxrl_llm.training.rollouts import episodes
 from jaxrl_llm.training.plan import Plan
 from jaxrl_llm.training.setup import Setup
 
@@ -74,8 +74,8 @@ def _settings(config, cfg, greedy: bool = False) -> sampling.SamplingSettings:
   """The sampler's settings as the trainer makes them (the stop ids do not change a
   program's shapes)."""
   eos = tuple(e for e in np.atleast_1d(cfg.eos_token_id) if e is not None)
-  return rollout_lib.sampling_settings(config.sampling, tuple(int(e) for e in eos),
-                                       int(cfg.pad_token_id or 0), greedy=greedy)
+  return sampling.settings.from_config(config.sampling, tuple(int(e) for e in eos),
+                                      int(cfg.pad_token_id or 0), greedy=greedy)
 
 
 def resident_buffers(config, plan: Plan, setup: Setup) -> dict[str, tuple[str, int]]:
@@ -126,7 +126,7 @@ def _multi_turn(plan: Plan) -> bool:
   return any(s.multi_turn for s in plan.sources)
 
 
-def _one_group(config, plan: Plan, cfg, where: str) -> rollout_lib.Rollout:
+def _one_group(config, plan: Plan, cfg, where: str) -> rollouts.Rollout:
   """A rollout of one prompt's G rows at the largest shapes a step's rollout takes: the
   longest prompt bucket, every completion (or episode) at its most tokens, with the
   fields the plan's rollout source fills (`where`: the sampler's platform)."""
@@ -139,23 +139,22 @@ def _one_group(config, plan: Plan, cfg, where: str) -> rollout_lib.Rollout:
   ones = lambda *shape: np.ones(shape, np.int32)
   routing = None
   if (cfg.is_moe and plan.completions == "sample" and not multi
-      and sampling.SamplingSettings(G, s.max_new_tokens, engine=s.engine).resolved_engine(
-          where) == "static"):  # the static engine records an MoE policy's experts
+      and _settings(config, cfg).resolved_engine(where) == "static"):  # the static engine records an MoE policy's experts
     routing = zeros(G, S0 + N, cfg.num_moe_layers, cfg.num_experts_per_tok)
   hint = S0 + config.algo.distill.max_hint_len
   echo = multi and any(float(v) for v in config.algo.echo.values())
-  return rollout_lib.Rollout(
+  lengths, truncated = np.full(G, N, np.int32), zeros(G, dtype=bool)
+  return rollouts.Rollout(
       prompt_tokens=ones(1, S0), prompt_mask=ones(1, S0), tokens=ones(G, N), mask=ones(G, N),
       logprobs=zeros(G, N, dtype=np.float32) if plan.completions == "sample" else None,
-      lengths=np.full(G, N, np.int32), truncated=zeros(G, dtype=bool),
-      rewards=zeros(G, dtype=np.float32), group_valid=np.ones(1, bool), metrics={},
-      position=0, prompts=[""], completions=[""] * G, routing=routing,
-      sources=zeros(1) if plan.mixed else None,
-      hint_tokens=ones(1, hint) if plan.self_teacher else None,
-      hint_mask=ones(1, hint) if plan.self_teacher else None,
-      attention=ones(G, N) if multi else None,
-      turn_rewards=zeros(G, N, dtype=np.float32) if multi else None,
-      echo_weights=zeros(G, N, dtype=np.float32) if echo else None)
+      lengths=lengths, truncated=truncated, rewards=zeros(G, dtype=np.float32),
+      group_valid=np.ones(1, bool), position=0, prompts=[""], completions=[""] * G,
+      stats=rollouts.RolloutStats(lengths, truncated, zeros(1)), routing=routing,
+      mixed=rollouts.Mixed(zeros(1), {}) if plan.mixed else None,
+      hinted=rollouts.Hinted(ones(1, hint), ones(1, hint)) if plan.self_teacher else None,
+      episodes=rollouts.EpisodeParts(
+          ones(G, N), [], echo_weights=zeros(G, N, dtype=np.float32) if echo else None,
+          turn_rewards=zeros(G, N, dtype=np.float32)) if multi else None)
 
 
 def raw_batch(config, plan: Plan, setup: Setup) -> dict:
@@ -262,7 +261,7 @@ def _sampler_programs(config, plan: Plan, setup: Setup, step_flops: dict) -> lis
 
 def _turn_program(config, plan: Plan, setup: Setup, step_flops: dict) -> StepProgram:
   """The multi-turn turn program: each process plays its episodes on its first device with
-  a whole copy of the policy (`training.episodes.local_model`), its longest first turn
+  a whole copy of the policy (`training.rollouts.episodes.local_model`), its longest first turn
   (the opening prompt) into the largest cache the episodes may grow to."""
   m, layout = setup.models, setup.layout
   src = next(s for s in plan.sources if s.multi_turn)

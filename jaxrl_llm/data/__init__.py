@@ -25,6 +25,7 @@ from jaxrl_llm.data.hints import Hint
 from jaxrl_llm.data.hints import hinted_prompts
 from jaxrl_llm.data.mixing import mix_counts
 from jaxrl_llm.data.mixing import mixed_batches
+from jaxrl_llm.data.prompts import PromptFormat
 from jaxrl_llm.data.prompts import TokenizedPrompts
 from jaxrl_llm.data.prompts import encode_prompts
 from jaxrl_llm.data.prompts import load_tokenizer

@@ -191,3 +191,24 @@ def tokenize_prompts(tokenizer, prompts: Sequence[str], data_cfg,
   tokens, mask = pad_to_bucket(token_lists, buckets, pad_id)
   return TokenizedPrompts(token_lists=token_lists, tokens=tokens, mask=mask,
                           num_truncated=num_truncated)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptFormat:
+  """How a run's prompts become token ids: `config.data`'s length limit, overflow rule and
+  chat template, and `config.sampling.prompt_buckets` (`from_config`)."""
+  max_prompt_len: int
+  prompt_overflow: str
+  chat_template: bool
+  buckets: tuple[int, ...]
+
+  @classmethod
+  def from_config(cls, config) -> "PromptFormat":
+    d = config.data
+    return cls(int(d.max_prompt_len), d.prompt_overflow, bool(d.chat_template),
+               tuple(int(b) for b in config.sampling.prompt_buckets))
+
+  def tokenize(self, tokenizer, prompts: Sequence[str], *,
+               indices: Sequence[int] | None = None) -> TokenizedPrompts:
+    """`tokenize_prompts` with this format."""
+    return tokenize_prompts(tokenizer, prompts, self, self.buckets, indices=indices)

@@ -46,11 +46,11 @@ from jaxrl_llm.sampling.sampler import (DEFAULT_BUCKETS, GENERATE_CACHE_SIZE, Sa
                                         Sampler, bucket_length, free_generate_cache, generate,
                                         left_pad)
 from jaxrl_llm.sampling.settings import (CONTINUOUS_FROM_NEW_TOKENS, ENGINES, LAYER_LOOPS,
-                                         WEIGHT_LAYOUTS, SamplingSettings)
+                                         WEIGHT_LAYOUTS, SamplingSettings, eos_ids, pad_id)
 from jaxrl_llm.sampling.turns import TurnOutput, TurnSampler
 
 __all__ = ["CONTINUOUS_FROM_NEW_TOKENS", "DECODE_TUNING", "DEFAULT_BUCKETS", "DecodeTuning",
            "ENGINES", "GENERATE_CACHE_SIZE", "LAYER_LOOPS", "SampleOutput", "Sampler",
            "SamplingSettings", "TurnOutput", "TurnSampler", "WEIGHT_LAYOUTS", "bucket_length", "choose_tokens", "continuous",
-           "decode_weight_shardings", "free_generate_cache", "generate", "gumbel_noise",
-           "left_pad", "request_keys", "token_keys", "unrolls_layers"]
+           "decode_weight_shardings", "eos_ids", "free_generate_cache", "generate", "gumbel_noise",
+           "left_pad", "pad_id", "request_keys", "token_keys", "unrolls_layers"]

@@ -22,7 +22,7 @@ through `tuning(model)` (`jaxrl_llm.platform.of`):
     layer's slice out and back every step. HBM traffic per decode step and chip for the
     Qwen3-1.7B recipe (`launch.compile`, v5e:2x4; `kv_cache` has the breakdown): static
     engine 9.9 GB -> 4.7, continuous 49.7 -> 8.4. Either layout samples the same tokens
-    (tests/kv_layout_test.py).
+    (tests/sampling/kv_layout_test.py).
 
 Where the weights live while decoding (`SamplingSettings.weight_layout`) is decided here
 too (`decode_weight_shardings`).

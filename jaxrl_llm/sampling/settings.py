@@ -1,4 +1,5 @@
-"""What one compiled sampling program is specialised on (`SamplingSettings`)."""
+"""What one compiled sampling program is specialised on (`SamplingSettings`), and how a
+run's `config.sampling` becomes one (`from_config`, the one place that reads it)."""
 from __future__ import annotations
 
 import dataclasses
@@ -97,3 +98,33 @@ class SamplingSettings:
     return ("continuous" if threshold is not None and self.max_new_tokens >= threshold
             else "static")
 
+
+
+def from_config(cfg, eos_ids: tuple[int, ...], pad_id: int,
+                greedy: bool = False) -> SamplingSettings:
+  """The sampler's settings from `config.sampling` (`cfg`); `greedy`: one temperature-0
+  sample per prompt (held-out evaluation)."""
+  engine = dict(layer_loop=cfg.layer_loop, weight_layout=cfg.weight_layout, engine=cfg.engine,
+                slots=cfg.slots, page_size=cfg.page_size, adapters=cfg.adapters)
+  if greedy:
+    return SamplingSettings(1, cfg.max_new_tokens, 0.0, 0, 1.0, eos_ids, pad_id, **engine)
+  return SamplingSettings(cfg.num_samples, cfg.max_new_tokens, cfg.temperature, cfg.top_k,
+                          cfg.top_p, eos_ids, pad_id, **engine)
+
+
+def eos_ids(tokenizer, model_config) -> tuple[int, ...]:
+  """Stop ids: the tokenizer's EOS and the model config's eos_token_id(s)."""
+  ids = set()
+  if tokenizer.eos_token_id is not None:
+    ids.add(int(tokenizer.eos_token_id))
+  eos = model_config.eos_token_id
+  ids.update(int(e) for e in (eos if isinstance(eos, tuple) else (eos,)) if e is not None)
+  return tuple(sorted(ids))
+
+
+def pad_id(tokenizer) -> int:
+  """The id rows are padded with: the tokenizer's pad token, else its EOS, else 0."""
+  for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+    if tid is not None:
+      return int(tid)
+  return 0

@@ -21,7 +21,7 @@ threads therefore take turns (`ProgramOrder`) in one order fixed by (k, start): 
 trainer's step s after the rollout thread has issued the sampling of steps <= s + k, and the
 sampling of step s after the trainer's step s - k - 1. A turn of the rollout thread covers
 only what every process does together (the sampling programs, agreeing on the prompt
-bucket: `SampledRollouts.start`); reading its rows, decoding and scoring happen outside its
+bucket: `RolloutSource.start`); reading its rows, decoding and scoring happen outside its
 turn, with no collective, while the trainer's programs run. One process takes the same
 turns, so one code path serves both.
 """
@@ -92,7 +92,7 @@ class RolloutPipeline:
   """The rollouts of steps `start, start + 1, ...`, each from version `max(s - k, start)`.
 
   Args:
-    rollouts: `rollout.SampledRollouts`: `rollouts.start(policy, key).finish() -> Rollout`.
+    rollouts: the `rollouts.RolloutSource`: `rollouts.finish(rollouts.start(policy, key))`.
     copy: trained parameters -> a copy where the sampler keeps them (`Models.sampler_copy`).
     as_policy: such a copy -> the `Model` it samples (`Models.on_sampler`).
     start, steps: the first step to sample and the end of the run.
@@ -100,7 +100,7 @@ class RolloutPipeline:
     step_key: `step -> PRNG key` (the same keys the synchronous loop uses).
   """
 
-  def __init__(self, rollouts: Callable, copy: Callable, as_policy: Callable[[Any], models.Model], *,
+  def __init__(self, rollouts, copy: Callable, as_policy: Callable[[Any], models.Model], *,
                start: int, steps: int, max_async_level: int,
                step_key: Callable[[int], jax.Array]):
     self.rollouts, self.as_policy = rollouts, as_policy
@@ -168,7 +168,7 @@ class RolloutPipeline:
           if params is None:
             return
           pending = self.rollouts.start(self.as_policy(params), self.step_key(step))
-        rollout = pending.finish()
+        rollout = self.rollouts.finish(pending)
         rollout.step, rollout.policy_version = step, version
         self._out.put(rollout)
     except Closed:

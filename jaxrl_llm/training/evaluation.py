@@ -19,8 +19,8 @@ from jaxrl_llm import data, distributed, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.rewards import RewardSet, Rewards
 from jaxrl_llm.config import sources as sources_lib
-from jaxrl_llm.training import episodes
-from jaxrl_llm.training import rollout as rollout_lib
+from jaxrl_llm.training import rollouts
+from jaxrl_llm.training.rollouts import episodes
 from jaxrl_llm.training import setup as setup_lib
 
 
@@ -30,7 +30,6 @@ class Evaluator:
   def __init__(self, config, tokenizer, policy_config, source=None):
     """`source`: one of a mixed run's sources (`config.sources`), else `config.data`'s."""
     self.config, self.tokenizer = config, tokenizer
-    eos, pad = rollout_lib.eos_ids(tokenizer, policy_config), rollout_lib.pad_id(tokenizer)
     data_cfg = config.data if source is None else sources_lib.data_config(config, source)
     self.dataset = data.load_dataset(data_cfg, "eval", task_options=data_cfg.task_options)
     self.reward_set = RewardSet.from_config(config.rewards if source is None else source.rewards)
@@ -38,7 +37,10 @@ class Evaluator:
     self.dataset_key = (data_cfg.source, data_cfg.task_options.to_dict(),
                         tuple((config.rewards if source is None else source.rewards).to_dict()
                               .items()))
-    settings = rollout_lib.sampling_settings(config.sampling, eos, pad, greedy=True)
+    settings = sampling.settings.from_config(config.sampling,
+                                             sampling.eos_ids(tokenizer, policy_config),
+                                             sampling.pad_id(tokenizer), greedy=True)
+    self.format = data.PromptFormat.from_config(config)
     self.sampler = sampling.Sampler(settings, config.sampling.prompt_buckets)
     resolved = source or sources_lib.run_sources(config)[0]
     self.player = (episodes.EpisodePlayer(resolved, tokenizer, settings)
@@ -55,10 +57,9 @@ class Evaluator:
                                **episodes.episode_fields(played))
       env = episodes.env_rewards(played)
       return completions, Rewards(scored.total + env, dict(scored.per_function, env=env))
-    tok = data.tokenize_prompts(self.tokenizer, batch.prompts, self.config.data,
-                                self.config.sampling.prompt_buckets, indices=batch.indices)
-    out = self.sampler.sample_local(policy, tok.token_lists, 0)
-    completions = rollout_lib.decode_completions(self.tokenizer, out.tokens, out.lengths)
+    prompts = self.format.tokenize(self.tokenizer, batch.prompts, indices=batch.indices)
+    out = self.sampler.sample_local(policy, prompts.token_lists, 0)
+    completions = rollouts.decode_completions(self.tokenizer, out.tokens, out.lengths)
     return completions, self.reward_set(batch.prompts, completions, **batch.fields())
 
   def __call__(self, policy) -> dict[str, float]:

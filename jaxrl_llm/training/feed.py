@@ -12,9 +12,7 @@ import numpy as np
 
 from jaxrl_llm import data, sampling
 from jaxrl_llm.config import sources as sources_lib
-from jaxrl_llm.rewards import RewardSet
-from jaxrl_llm.training import async_rollouts, episodes
-from jaxrl_llm.training import rollout as rollout_lib
+from jaxrl_llm.training import async_rollouts, rollouts
 from jaxrl_llm.training.plan import Plan
 from jaxrl_llm.training.resume import Start
 from jaxrl_llm.training.setup import Setup
@@ -47,27 +45,12 @@ class Feed:
   def __init__(self, config, plan: Plan, setup: Setup, start: Start):
     self.models = setup.models
     self.step_key = lambda step: jax.random.fold_in(jax.random.PRNGKey(config.seed), step)
-    batches = training_batches(config, plan, start)
-    tokenizer, policy = setup.tokenizer, setup.models.policy
-    eos = rollout_lib.eos_ids(tokenizer, policy.config)
-    pad = rollout_lib.pad_id(tokenizer)
-    settings = rollout_lib.sampling_settings(config.sampling, eos, pad)
-    if plan.completions == "sample" and any(s.multi_turn for s in plan.sources):
-      self.source = episodes.EpisodeRollouts(config, tokenizer, batches, plan.sources, settings,
-                                             plan.mixed)
-    elif plan.completions == "sample":
-      sampler = sampling.Sampler(settings, config.sampling.prompt_buckets)
-      self.source = rollout_lib.SampledRollouts(
-          config, tokenizer, batches, sampler,
-          [RewardSet.from_config(s.rewards) for s in plan.sources],
-          [s.name for s in plan.sources] if plan.mixed else (),
-          [data.Hint(s.algo.distill.hint_field, s.algo.distill.hint_template)
-           if s.algo.distill.teacher == "self" else None for s in plan.sources]
-          if plan.self_teacher else ())
-    elif plan.sources[0].multi_turn:  # SFT on conversations: the model's turns are the targets
-      self.source = episodes.ConversationRollouts(config, tokenizer, batches, plan.sources[0])
-    else:
-      self.source = rollout_lib.DatasetRollouts(config, tokenizer, batches, eos)
+    tokenizer = setup.tokenizer
+    settings = sampling.settings.from_config(
+        config.sampling, sampling.eos_ids(tokenizer, setup.models.policy.config),
+        sampling.pad_id(tokenizer))
+    self.source = rollouts.for_plan(plan, settings, data.PromptFormat.from_config(config),
+                                    tokenizer, training_batches(config, plan, start))
     self.pipeline = None
     if plan.max_async_level > 0:
       self.pipeline = async_rollouts.RolloutPipeline(
@@ -90,13 +73,14 @@ class Feed:
       return contextlib.nullcontext()
     return self.pipeline.order.trainer(step)
 
-  def get(self, step: int, params) -> tuple[rollout_lib.Rollout, float, float]:
+  def get(self, step: int, params) -> tuple[rollouts.Rollout, float, float]:
     """(step `step`'s rollout, seconds spent sampling it, seconds spent scoring it).
 
     With a pipeline the reward ran in its thread: the wait is all this step spent."""
     t0 = time.perf_counter()
     if self.pipeline is None:
-      rollout = self.source(self.models.sampling_policy(params), self.step_key(step))
+      pending = self.source.start(self.models.sampling_policy(params), self.step_key(step))
+      rollout = self.source.finish(pending)
     else:
       rollout = self.pipeline.get(step)
       self.staleness.append(step - rollout.policy_version)
@@ -105,7 +89,7 @@ class Feed:
     t_sample = time.perf_counter() - t0 - (t_reward if self.pipeline is None else 0.0)
     return rollout, t_sample, t_reward
 
-  def async_metrics(self, rollout: rollout_lib.Rollout) -> dict[str, float]:
+  def async_metrics(self, rollout: rollouts.Rollout) -> dict[str, float]:
     """Staleness since the last call (asynchronous rollouts only)."""
     if self.pipeline is None:
       return {}
@@ -118,5 +102,4 @@ class Feed:
   def close(self) -> None:
     if self.pipeline is not None:
       self.pipeline.close()
-    if callable(getattr(self.source, "close", None)):
-      self.source.close()
+    self.source.close()

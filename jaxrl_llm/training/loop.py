@@ -151,8 +151,7 @@ def _prepare(config, plan, setup, state, rollout):
 def _checkpoint_meta(config, plan, setup, done: int, rollout, guard) -> dict:
   """What a checkpoint records beside the state: the position, the skip counters, and what
   a resume checks (`resume.check`)."""
-  positions = ({} if rollout.source_positions is None
-               else {"source_positions": rollout.source_positions})
+  positions = {} if rollout.mixed is None else {"source_positions": rollout.mixed.positions}
   return {"step": done, "data_position": rollout.position, **positions, **guard.state(),
           "fingerprint": resume.fingerprint(setup.models.policy.config, plan.value_model,
                                             plan.baselines),

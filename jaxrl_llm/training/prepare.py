@@ -16,8 +16,7 @@ from jaxrl_llm import distributed, objectives
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.training import steps
 from jaxrl_llm.training.plan import Plan
-from jaxrl_llm.training import rollout as rollout_lib
-from jaxrl_llm.training.rollout import Rollout
+from jaxrl_llm.training.rollouts import Rollout, prompt_aligned_routing
 
 
 def batch_arrays(r: Rollout, G: int, mask_truncated: bool) -> dict[str, np.ndarray]:
@@ -32,30 +31,30 @@ def batch_arrays(r: Rollout, G: int, mask_truncated: bool) -> dict[str, np.ndarr
   loss_mask = r.mask * np.repeat(r.group_valid, G)[:, None]
   if mask_truncated:
     loss_mask = loss_mask * (~r.truncated)[:, None]
-  attention = r.mask if r.attention is None else r.attention
+  episodes = r.episodes
   out = {
       "tokens": np.concatenate([prompt_tokens, r.tokens], axis=1).astype(np.int32),
-      "attention_mask": np.concatenate([prompt_mask, attention], axis=1).astype(np.int32),
+      "attention_mask": np.concatenate([prompt_mask, r.attention], axis=1).astype(np.int32),
       "loss_mask": loss_mask.astype(np.int32),
       "rewards": r.rewards.astype(np.float32),  # [B]: every batch array's first axis is its rows
   }
-  if r.echo_weights is not None:  # echo: the environment's tokens of the weighted roles
-    out["echo_weights"] = (r.echo_weights * np.repeat(r.group_valid, G)[:, None]).astype(
-        np.float32)
-  if r.turn_rewards is not None:  # episodes: each step's reward on its turn's last token
-    out["turn_rewards"] = r.turn_rewards.astype(np.float32)
+  if episodes is not None and episodes.echo_weights is not None:  # echo: the environment's
+    out["echo_weights"] = (episodes.echo_weights  # tokens of the weighted roles
+                           * np.repeat(r.group_valid, G)[:, None]).astype(np.float32)
+  if episodes is not None and episodes.turn_rewards is not None:  # each step's reward on
+    out["turn_rewards"] = episodes.turn_rewards.astype(np.float32)  # its turn's last token
   if r.logprobs is not None:
     out["sampler_logp"] = r.logprobs.astype(np.float32)
   if r.routing is not None:  # an MoE policy's experts, for replay and routing_mismatch
-    out["routing"] = rollout_lib.prompt_aligned_routing(
+    out["routing"] = prompt_aligned_routing(
         r.routing, extra + r.prompt_tokens.shape[1], r.tokens.shape[1]).astype(np.int32)
-  if r.sources is not None:  # a mixed run: each row's source (its per-row algorithm)
-    out["source"] = np.repeat(r.sources, G).astype(np.int32)
-  if r.hint_tokens is not None:  # self-distillation: the same completions after a hint
-    extra = distributed.max_int(r.hint_tokens.shape[1]) - r.hint_tokens.shape[1]
+  if r.mixed is not None:  # each row's source (its per-row algorithm)
+    out["source"] = np.repeat(r.mixed.sources, G).astype(np.int32)
+  if r.hinted is not None:  # self-distillation: the same completions after a hint
+    extra = distributed.max_int(r.hinted.tokens.shape[1]) - r.hinted.tokens.shape[1]
     hinted = lambda a: np.repeat(np.pad(a, ((0, 0), (extra, 0))), G, axis=0)
-    out["hint_tokens"] = np.concatenate([hinted(r.hint_tokens), r.tokens], 1).astype(np.int32)
-    out["hint_attention_mask"] = np.concatenate([hinted(r.hint_mask), r.mask],
+    out["hint_tokens"] = np.concatenate([hinted(r.hinted.tokens), r.tokens], 1).astype(np.int32)
+    out["hint_attention_mask"] = np.concatenate([hinted(r.hinted.mask), r.mask],
                                                 1).astype(np.int32)
   return out
 

@@ -19,7 +19,7 @@ completion of its batch (every process's rows; process 0 writes):
                        ids, 1 on the tokens the RL loss trains (the model's), and the
                        sampler's log-probs there (0 elsewhere)
 
-A multi-turn source's row (`training.episodes`) is one episode: `messages` is the whole
+A multi-turn source's row (`training.rollouts.episodes`) is one episode: `messages` is the whole
 conversation, and it adds, per stretch of the episode in order (the opening, a model
 turn, an environment reply, ...), `turn_roles`, `turn_messages` (messages in it) and
 `turn_tokens`; `num_turns` and `turn_rewards` (the environment's reward per model turn);
@@ -62,18 +62,20 @@ class RolloutWriter:
 
 def episode_rows(rollout, step: int, policy_version: int,
                  source_names: tuple[str, ...]) -> list[dict]:
-  """The rows of a multi-turn rollout (`Rollout.episodes`), every process's."""
+  """The rows of a multi-turn rollout (`Rollout.episodes.rows`), every process's."""
   B, P = rollout.tokens.shape[0], rollout.prompt_tokens.shape[0]
   G = B // P
-  sources = np.zeros(P, np.int32) if rollout.sources is None else rollout.sources
-  parts = rollout.stats.get("per_function", {})
+  sources = np.zeros(P, np.int32) if rollout.mixed is None else rollout.mixed.sources
+  rewards = rollout.stats.rewards
+  total = rollout.rewards if rewards is None else rewards.total
+  parts = {} if rewards is None else rewards.per_function
   rows = []
-  for b, episode in enumerate(rollout.episodes):
+  for b, episode in enumerate(rollout.episodes.rows):
     p = b // G
     row = {"step": int(step), "source": source_names[int(sources[p])],
            "policy_version": int(policy_version)}
     row.update(episode)
-    row.update(reward=float(rollout.stats["total"][b]),
+    row.update(reward=float(total[b]),
                reward_parts={k: float(v[b]) for k, v in parts.items() if np.isfinite(v[b])},
                reward_shaped=float(rollout.rewards[b]),
                group_valid=bool(rollout.group_valid[p]))
@@ -88,16 +90,17 @@ def rollout_rows(rollout, step: int, policy_version: int,
   if rollout.episodes is not None:
     return episode_rows(rollout, step, policy_version, source_names)
   B, P = rollout.tokens.shape[0], rollout.prompt_tokens.shape[0]
-  G = B // P
+  G, rewards = B // P, rollout.stats.rewards
   local = dict(prompt_tokens=rollout.prompt_tokens, prompt_mask=rollout.prompt_mask,
                tokens=rollout.tokens, mask=rollout.mask, lengths=rollout.lengths,
                truncated=rollout.truncated, shaped=rollout.rewards,
                group_valid=rollout.group_valid,
                logprobs=(np.zeros(rollout.tokens.shape, np.float32) if rollout.logprobs is None
                          else rollout.logprobs),
-               sources=(np.zeros(P, np.int32) if rollout.sources is None else rollout.sources),
-               total=rollout.stats.get("total", rollout.rewards),
-               parts=rollout.stats.get("per_function", {}))
+               sources=(np.zeros(P, np.int32) if rollout.mixed is None
+                        else rollout.mixed.sources),
+               total=rollout.rewards if rewards is None else rewards.total,
+               parts={} if rewards is None else rewards.per_function)
   every = distributed.concat(local)
   prompts = distributed.gather_strings(list(rollout.prompts))
   completions = distributed.gather_strings(list(rollout.completions))

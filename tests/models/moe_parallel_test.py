@@ -19,7 +19,7 @@ from jaxrl_llm import models, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models import expert_parallel, moe
 from jaxrl_llm.models.config import ModelConfig
-from tests import sampling_test
+from tests.sampling import sampler_test as sampling_test
 
 CFG = ModelConfig(model_type="qwen3_moe", vocab_size=64, hidden_size=32, intermediate_size=48,
                   num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, num_experts=8,

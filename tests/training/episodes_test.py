@@ -83,10 +83,10 @@ class EpisodeRolloutsTest(absltest.TestCase):
     mask = arrays["loss_mask"] > 0
     np.testing.assert_allclose(logp[mask], arrays["sampler_logp"][mask], atol=1e-5)
     self.assertTrue(np.all(arrays["sampler_logp"][~mask] == 0))
-    turns = [row["num_turns"] for row in rollout.episodes]
+    turns = [row["num_turns"] for row in rollout.episodes.rows]
     self.assertGreater(max(turns), 1, "the test needs multi-turn episodes")
     S0 = rollout.prompt_tokens.shape[1]
-    for b, row in enumerate(rollout.episodes):
+    for b, row in enumerate(rollout.episodes.rows):
       opening = row["turn_tokens"][0]
       roles = [r for r, n in zip(row["turn_roles"], row["turn_tokens"]) for _ in range(n)]
       n = len(row["tokens"]) - opening
@@ -99,7 +99,7 @@ class EpisodeRolloutsTest(absltest.TestCase):
       # echo weighs the tool's tokens (after the opening) only.
       np.testing.assert_array_equal(arrays["echo_weights"][b, :n], np.float32(
           [0.1 if r == "tool" else 0.0 for r in roles[opening:]]))
-      self.assertAlmostEqual(rollout.stats["per_function"]["env"][b],
+      self.assertAlmostEqual(rollout.stats.rewards.per_function["env"][b],
                              0.25 * row["num_turns"] if row["ended"] != "max_new_tokens"
                              else 0.25 * (row["num_turns"] - 1))
 
@@ -142,13 +142,13 @@ class EpisodeRolloutsTest(absltest.TestCase):
 
   def test_turn_rewards_sit_on_each_turns_last_token(self):
     rollout, _, _ = first_rollout(agent_config(self.model_dir, replies=2))
-    for b, row in enumerate(rollout.episodes):
+    for b, row in enumerate(rollout.episodes.rows):
       mask = rollout.mask[b]
       ends = [t for t in range(len(mask)) if mask[t] and (t + 1 == len(mask) or not mask[t + 1])]
       self.assertLen(ends, row["num_turns"])
-      placed = rollout.turn_rewards[b][ends].tolist()
+      placed = rollout.episodes.turn_rewards[b][ends].tolist()
       self.assertEqual(placed, row["turn_rewards"])
-      self.assertEqual(np.count_nonzero(rollout.turn_rewards[b]),
+      self.assertEqual(np.count_nonzero(rollout.episodes.turn_rewards[b]),
                        np.count_nonzero(row["turn_rewards"]))
 
   def test_an_environment_that_raises_stops_the_run_naming_it(self):
@@ -167,7 +167,7 @@ class EpisodeRolloutsTest(absltest.TestCase):
       cfg.data.on_env_error = "drop"
       rollout, _, _ = first_rollout(cfg)
       G = cfg.sampling.num_samples
-      failed = [row["ended"] == "env_error" for row in rollout.episodes]
+      failed = [row["ended"] == "env_error" for row in rollout.episodes.rows]
       self.assertEqual(rollout.metrics["env/dropped"], sum(failed))
       self.assertGreaterEqual(sum(failed[:G]), 1)  # at least the first prompt's episodes
       self.assertFalse(rollout.group_valid[0])

@@ -14,7 +14,7 @@ from jaxrl_llm import models, training
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.training import guards
-from jaxrl_llm.training import rollout as rollout_lib
+from jaxrl_llm.training import rollouts
 from jaxrl_llm.training import state as state_lib
 from jaxrl_llm.training import steps
 
@@ -86,17 +86,17 @@ def _no_kl(algo):
 
 
 def poisoned_rollouts(steps_to_poison):
-  """SampledRollouts.__call__ with NaN behaviour log-probs on the given (1-based) steps."""
-  real = rollout_lib.SampledRollouts.__call__
+  """SampledRollouts.finish with NaN behaviour log-probs on the given (1-based) steps."""
+  real = rollouts.SampledRollouts.finish
   calls = []
 
-  def call(self, policy, key):
-    rollout = real(self, policy, key)
+  def call(self, pending):
+    rollout = real(self, pending)
     calls.append(None)
     if len(calls) in steps_to_poison:
       rollout.logprobs = np.where(rollout.mask > 0, np.nan, rollout.logprobs).astype(np.float32)
     return rollout
-  return mock.patch.object(rollout_lib.SampledRollouts, "__call__", call)
+  return mock.patch.object(rollouts.SampledRollouts, "finish", call)
 
 
 def read_rows(workdir):

@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import gspo, smoke
 from jaxrl_llm import training
-from jaxrl_llm.training import flops, prepare, rollout as rollout_lib, setup as setup_lib
+from jaxrl_llm.training import flops, prepare, rollouts, setup as setup_lib
 
 ROWS = P(("data", "fsdp"))  # the batch rule: rows over data x fsdp
 
@@ -28,13 +28,14 @@ def _rollout(config, S0=16):
   s, P_ = config.sampling, config.train.prompts_per_step
   B, N = P_ * s.num_samples, s.max_new_tokens
   rng = np.random.RandomState(0)
-  return rollout_lib.Rollout(
+  lengths, truncated = np.full(B, N, np.int32), np.zeros(B, bool)
+  return rollouts.Rollout(
       prompt_tokens=rng.randint(5, 50, (P_, S0)).astype(np.int32),
       prompt_mask=np.ones((P_, S0), np.int32), tokens=rng.randint(5, 50, (B, N)).astype(np.int32),
       mask=np.ones((B, N), np.int32), logprobs=np.full((B, N), -3.0, np.float32),
-      lengths=np.full(B, N, np.int32), truncated=np.zeros(B, bool),
-      rewards=rng.rand(B).astype(np.float32), group_valid=np.ones(P_, bool), metrics={},
-      position=0, prompts=[""] * P_, completions=[])
+      lengths=lengths, truncated=truncated, rewards=rng.rand(B).astype(np.float32),
+      group_valid=np.ones(P_, bool), position=0, prompts=[""] * P_, completions=[],
+      stats=rollouts.RolloutStats(lengths, truncated, np.zeros(1)))
 
 
 class ShardingTest(absltest.TestCase):

@@ -22,7 +22,7 @@ from jaxrl_llm import models, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models import attention, kv_cache
 from tests import hf_testing
-from tests.turn_sampling_test import play
+from tests.sampling.turns_test import play
 
 EOS = hf_testing.TINY["eos_token_id"]
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None

@@ -36,11 +36,9 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from jaxrl_llm import data, distributed, envs, models, objectives, sampling
+from jaxrl_llm import envs, models, sampling
 from jaxrl_llm.config.sources import Source
 from jaxrl_llm.envs import episode as episode_lib
-from jaxrl_llm.rewards import RewardSet
-from jaxrl_llm.training import rollout as rollout_lib
 
 MODEL = episode_lib.MODEL
 
@@ -203,12 +201,26 @@ def env_rewards(episodes: Sequence[episode_lib.Episode]) -> np.ndarray:
   return np.asarray([sum(ep.turn_rewards) for ep in episodes], np.float32)
 
 
-def _opening_length(ep: episode_lib.Episode) -> int:
+def opening_length(ep: episode_lib.Episode) -> int:
   return ep.parts[0][2] if ep.parts else 0
 
 
+@dataclasses.dataclass
+class EpisodeArrays:
+  """A batch of episodes laid out for training (`episode_arrays`)."""
+  prompt_tokens: np.ndarray  # int32 [P, S0], the openings, left-padded
+  prompt_mask: np.ndarray
+  tokens: np.ndarray  # int32 [B, width], the rest, right-padded
+  mask: np.ndarray  # the model's tokens (the loss mask)
+  attention: np.ndarray  # every token of the episode
+  logprobs: np.ndarray  # float32 [B, width], the behaviour log-probs (0 elsewhere)
+  echo_weights: np.ndarray  # float32 [B, width], echo's weight of each environment token
+  turn_rewards: np.ndarray  # float32 [B, width], each step's reward on its turn's last token
+
+
 def episode_arrays(episodes: Sequence[episode_lib.Episode], G: int, width: int,
-                   prompt_buckets: Sequence[int], pad: int, echo: dict[str, float]) -> dict:
+                   prompt_buckets: Sequence[int], pad: int, echo: dict[str, float]
+                   ) -> EpisodeArrays:
   """The batch's arrays of B = P * G episodes (prompt-major): the opening as the prompt
   [P, S0] (left-padded to a bucket), the rest [B, width] (right-padded) with the loss mask
   (the model's tokens), attention, behaviour log-probs, echo weights and turn rewards."""
@@ -217,7 +229,7 @@ def episode_arrays(episodes: Sequence[episode_lib.Episode], G: int, width: int,
   openings = []
   for p in range(P):
     group = [ep for ep in episodes[p * G:(p + 1) * G] if ep.ended != "env_error" or ep.parts]
-    firsts = [tuple(ep.tokens[:_opening_length(ep)]) for ep in group]
+    firsts = [tuple(ep.tokens[:opening_length(ep)]) for ep in group]
     if len(set(firsts)) > 1:
       raise envs.EnvError(f"reset() gave the {G} episodes of a record different openings: "
                           "expected the same for all (a group shares its prompt)")
@@ -230,7 +242,7 @@ def episode_arrays(episodes: Sequence[episode_lib.Episode], G: int, width: int,
       np.zeros(shape, np.int32)
   logprobs, echo_w, turn_rewards = (np.zeros(shape, np.float32) for _ in range(3))
   for b, ep in enumerate(episodes):
-    start = _opening_length(ep)
+    start = opening_length(ep)
     rest = ep.tokens[start:]
     if len(rest) > width:
       raise ValueError(f"episode {b} has {len(rest)} tokens after its opening, more than the "
@@ -247,178 +259,5 @@ def episode_arrays(episodes: Sequence[episode_lib.Episode], G: int, width: int,
     ends = np.flatnonzero(mask[b, :n] & ~np.r_[mask[b, 1:n], 0].astype(bool))
     for turn, t in enumerate(ends[:len(ep.turn_rewards)]):
       turn_rewards[b, t] = ep.turn_rewards[turn]
-  return dict(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, mask=mask,
-              attention=attention, logprobs=logprobs, echo_weights=echo_w,
-              turn_rewards=turn_rewards)
-
-
-class EpisodeRollouts(rollout_lib.SampledRollouts):
-  """RL rollouts of multi-turn sources (see the module docstring), behind the interface of
-  `SampledRollouts` (`start(policy, key).finish()`, `summarize`)."""
-
-  def __init__(self, config, tokenizer, batches, run_sources: Sequence[Source],
-               settings: sampling.SamplingSettings, mixed: bool):
-    super().__init__(config, tokenizer, batches, None,
-                     [RewardSet.from_config(s.rewards) for s in run_sources],
-                     [s.name for s in run_sources] if mixed else ())
-    self.players = [EpisodePlayer(s, tokenizer, settings) for s in run_sources]
-    self.width = max(s.env["max_episode_tokens"] for s in run_sources)
-    self.echo = {k: float(v) for k, v in config.algo.echo.items() if v}
-
-  def start(self, policy, key: jax.Array) -> rollout_lib.Ready:
-    batch = next(self.batches)
-    return rollout_lib.Ready(self.play(local_model(policy), batch, key))
-
-  def play(self, model: models.Model, batch: data.RecordBatch, key: jax.Array
-           ) -> rollout_lib.Rollout:
-    """The rollout of `batch`: G episodes per record, scored and laid out for training."""
-    G, P = self.G, len(batch.records)
-    sources = batch.sources if batch.sources is not None else np.zeros(P, np.int32)
-    episodes: list = [None] * (P * G)
-    tool_stats: dict[str, int] = {}
-    for i, player in enumerate(self.players):
-      prompts = np.flatnonzero(sources == i)
-      if not prompts.size:
-        continue
-      rows = [p * G + g for p in prompts for g in range(G)]
-      played = player.play(model, [batch.records[p] for p in prompts for _ in range(G)],
-                           [batch.indices[p] for p in prompts for _ in range(G)],
-                           jax.random.fold_in(key, i))
-      for r, ep in zip(rows, played):
-        episodes[r] = ep
-      for k, v in player.tool_stats().items():
-        tool_stats[k] = tool_stats.get(k, 0) + v
-    arrays = episode_arrays(episodes, G, self.width, self.config.sampling.prompt_buckets,
-                            self.pad, self.echo)
-    completions = [last_turn_text(self.tokenizer, ep) for ep in episodes]
-    prompts = [p for p in batch.prompts for _ in range(G)]
-    scored = self._score(batch, prompts, completions, episode_fields(episodes))
-    env_reward = env_rewards(episodes)
-    dropped = np.asarray([ep.ended == "env_error" for ep in episodes])
-    total = np.where(dropped, 0.0, scored.total + env_reward).astype(np.float32)
-    per_function = dict(scored.per_function, env=env_reward)
-    group_valid = ~dropped.reshape(P, G).any(axis=1)
-    lengths = arrays["attention"].sum(axis=1).astype(np.int32)
-    truncated = np.asarray([ep.ended in ("max_new_tokens", "max_episode_tokens")
-                            for ep in episodes])
-    informative = np.asarray(objectives.dynamic_sampling_keep(total.reshape(P, G)))
-    ended = np.asarray([episode_lib.ENDINGS.index(ep.ended) for ep in episodes], np.int32)
-    stats = dict(
-        per_function=per_function, total=total, lengths=lengths, truncated=truncated,
-        group_valid=group_valid, shaped=total, truncated_prompts=np.asarray([0]),
-        informative=informative, sources=np.repeat(sources, G).astype(np.int32),
-        rounds=np.asarray([1]), turns=np.asarray([ep.num_turns for ep in episodes]),
-        model_tokens=arrays["mask"].sum(axis=1), ended=ended, dropped=dropped,
-        tool_stats={k: np.asarray([v]) for k, v in tool_stats.items()})
-    return rollout_lib.Rollout(
-        prompt_tokens=arrays["prompt_tokens"], prompt_mask=arrays["prompt_mask"],
-        tokens=arrays["tokens"], mask=arrays["mask"], logprobs=arrays["logprobs"],
-        lengths=lengths, truncated=truncated, rewards=total, group_valid=group_valid,
-        metrics={"reward_time_s": 0.0}, position=batch.position + 1, prompts=batch.prompts,
-        completions=completions,
-        sources=None if batch.sources is None else batch.sources.astype(np.int32),
-        source_positions=batch.source_positions, stats=stats,
-        attention=arrays["attention"],
-        echo_weights=arrays["echo_weights"] if self.echo else None,
-        turn_rewards=arrays["turn_rewards"], episodes=[ep.as_row() for ep in episodes])
-
-  def summarize(self, rollout: rollout_lib.Rollout) -> dict[str, float]:
-    """`SampledRollouts.summarize`'s metrics, and the episodes': `env/turns_mean`,
-    `env/model_tokens_mean`, `env/ended/WHY` (fractions), `env/dropped`, and with tools
-    `env/tool_calls`, `env/tool_ok_frac` (the valid-call rate) and `env/tool_CATEGORY`."""
-    metrics = super().summarize(rollout)
-    every = distributed.concat({k: v for k, v in rollout.stats.items() if k != "tool_stats"})
-    metrics["env/turns_mean"] = float(every["turns"].mean())
-    metrics["env/model_tokens_mean"] = float(every["model_tokens"].mean())
-    for i, why in enumerate(episode_lib.ENDINGS):
-      metrics[f"env/ended/{why}"] = float(np.mean(every["ended"] == i))
-    metrics["env/dropped"] = float(every["dropped"].sum())
-    if rollout.stats["tool_stats"]:
-      tools = {k: float(v.sum()) for k, v in
-               distributed.concat(rollout.stats["tool_stats"]).items()}
-      metrics["env/tool_calls"] = tools["calls"]
-      metrics["env/tool_ok_frac"] = tools["ok"] / tools["calls"] if tools["calls"] else 0.0
-      metrics.update({f"env/tool_{k}": v for k, v in tools.items() if k != "calls"})
-    return metrics
-
-  def close(self) -> None:
-    for player in self.players:
-      player.close()
-
-
-def demonstrated_episode(env, renderer, record: dict, turns: Sequence[dict], where: str
-                         ) -> episode_lib.Episode:
-  """A demonstration as an episode: `env.reset(record)`'s opening, then `turns` (the
-  conversation after it: the model's turns, role 'assistant', each closed by the
-  end-of-turn token, and the environment's replies) appended as sampled turns would be."""
-  opening = envs.as_messages(envs.call_env(env, "reset", dict(record), where=where), where)
-  ep = episode_lib.Episode.start(renderer, opening)
-  turns = envs.as_messages(list(turns), where, "the record's 'completion'")
-  i = 0
-  while i < len(turns):
-    if turns[i]["role"] == MODEL:
-      ids = renderer.encode(turns[i]["content"]) + [renderer.end_of_turn_id]
-      ep.add_model_turn(ids, [0.0] * len(ids), turns[i]["content"])
-      i += 1
-      continue
-    j = i
-    while j < len(turns) and turns[j]["role"] != MODEL:
-      j += 1
-    if not ep.turn_lengths:
-      raise envs.EnvError(f"{where}: the record's 'completion' starts with a {turns[i]['role']!r} "
-                          "message: expected the model's turn first (the opening is reset()'s)")
-    ep.add_env_messages(renderer, turns[i:j])
-    i = j
-  ep.end("done")
-  return ep
-
-
-class ConversationRollouts:
-  """SFT on multi-turn demonstrations: each record's `completion` is the conversation after
-  its environment's opening (a list of messages); the model's turns carry the loss, the
-  environment's messages are attended to (the interface of `rollout.DatasetRollouts`)."""
-
-  def __init__(self, config, tokenizer, batches, source: Source):
-    self.config, self.tokenizer, self.batches = config, tokenizer, batches
-    self.env = envs.environment_for(source.env)
-    self.renderer = envs.renderer_for(tokenizer, self.env)
-    self.width, self.pad = source.env["max_episode_tokens"], rollout_lib.pad_id(tokenizer)
-    self.name = f"environment {source.env['env']!r}"
-
-  def __call__(self, policy, key: jax.Array) -> rollout_lib.Rollout:
-    return self.start(policy, key).finish()
-
-  def start(self, policy, key: jax.Array) -> rollout_lib.Ready:
-    del policy, key
-    batch = next(self.batches)
-    played = []
-    for index, record in zip(batch.indices, batch.records):
-      where = f"{self.name}, record {int(index)}"
-      if not isinstance(record.get("completion"), list):
-        raise ValueError(f"{where}: expected the record's 'completion' to be a list of messages "
-                         "(a conversation), which SFT with an environment needs; got "
-                         f"{type(record.get('completion')).__name__}")
-      ep = demonstrated_episode(self.env, self.renderer, record, record["completion"], where)
-      if len(ep.tokens) - _opening_length(ep) > self.width:
-        raise ValueError(f"{where}: the demonstration has {len(ep.tokens)} tokens, more than "
-                         f"max_episode_tokens={self.width}: expected a larger max_episode_tokens")
-      played.append(ep)
-    arrays = episode_arrays(played, 1, self.width, self.config.sampling.prompt_buckets, self.pad,
-                            {})
-    P = len(played)
-    lengths = arrays["attention"].sum(axis=1).astype(np.int32)
-    return rollout_lib.Ready(rollout_lib.Rollout(
-        prompt_tokens=arrays["prompt_tokens"], prompt_mask=arrays["prompt_mask"],
-        tokens=arrays["tokens"], mask=arrays["mask"], logprobs=None, lengths=lengths,
-        truncated=np.zeros(P, bool), rewards=np.ones(P, np.float32),
-        group_valid=np.ones(P, bool), metrics={}, position=batch.position + 1,
-        prompts=batch.prompts,
-        completions=[last_turn_text(self.tokenizer, ep) for ep in played],
-        attention=arrays["attention"], stats=dict(
-            lengths=lengths, truncated=np.zeros(P, bool), truncated_prompts=np.asarray([0])),
-        episodes=[ep.as_row() for ep in played]))
-
-  summarize = rollout_lib.DatasetRollouts.summarize
-
-  def close(self) -> None:
-    envs.loading.close(self.env)
+  return EpisodeArrays(prompt_tokens, prompt_mask, tokens, mask, attention, logprobs, echo_w,
+                       turn_rewards)
