@@ -47,7 +47,9 @@ _MULTIHOST = flags.DEFINE_bool("multihost", False,
                                "Join a multi-process run that JAX detects itself (Cloud TPU "
                                "pods, SLURM, Open MPI, Kubernetes).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Check the config, the model directory and the "
-                             "data, print the plan, and exit: nothing is loaded or written.")
+                             "data, print the plan, and exit: nothing is loaded or written. A "
+                             "recipe's mesh is checked against the TPU slice it names "
+                             "(config.mesh.topology), else against the devices here.")
 flags.DEFINE_alias("dry-run", "dry_run")  # the pod launcher's and gcloud's spelling
 _VERBOSE = flags.DEFINE_bool("verbose", False, "On an error once training has started, also "
                              "print its traceback (it is always written to WORKDIR/error.log).")
@@ -69,9 +71,7 @@ def main(argv):
                          auto_detect=_MULTIHOST.value)
   try:
     if _DRY_RUN.value:
-      config_lib.validate(_CONFIG.value, data=True)
-      print(f"{_CONFIG.value}\n{training.make_plan(_CONFIG.value).describe()}\ndry run: the "
-            "config, the model directory and the data check out; nothing was loaded or written")
+      _dry_run(_CONFIG.value)
       return
     training.train(_CONFIG.value, _WORKDIR.value, print_config=True,
                    resume_with_changes=_RESUME_WITH_CHANGES.value)
@@ -90,6 +90,33 @@ def main(argv):
       traceback.print_exc()
     print(f"the run failed: {_causes(e)} (traceback in {log})", file=sys.stderr)
     sys.exit(1)
+
+
+def _dry_run(config) -> None:
+  """Checks the config, the model directory and the data, and prints the plan. A recipe
+  that names its TPU slice (config.mesh.topology) has its mesh checked against the slice's
+  chips (`chips.slice_chips`: no TPU or libtpu needed), not against this host's devices."""
+  # pylint: disable=g-import-not-at-top
+  import jax
+  from jaxrl_llm import config as config_lib
+  from jaxrl_llm import training
+  from jaxrl_llm.aot import chips
+  n = jax.device_count()
+  here = f"the {n} {jax.devices()[0].platform} device{'s' * (n != 1)} here"
+  devices, mesh = None, f"the mesh was checked against {here}"
+  if config.mesh.topology:
+    topology, slices = config.mesh.topology, config.mesh.num_slices
+    try:
+      devices = chips.slice_chips(topology, slices,
+                                  ("config.mesh.topology", "config.mesh.num_slices"))
+    except chips.TopologyError as e:
+      raise config_lib.ConfigError(str(e)) from e
+    name = topology + (f" x {slices} slices" if slices > 1 else "")
+    mesh = (f"the mesh was checked against {name}'s {len(devices)} chips "
+            f"(config.mesh.topology), not {here}")
+  config_lib.validate(config, devices, data=True)
+  print(f"{config}\n{training.make_plan(config).describe()}\n{mesh}\ndry run: the config, "
+        "the model directory and the data check out; nothing was loaded or written")
 
 
 def _causes(error: BaseException) -> str:

@@ -6,6 +6,9 @@ coordinates and hosts, so a mesh laid over them and a program compiled for them 
 the slice would run. `num_slices=2` gives two such slices joined by the data-center
 network (multislice).
 
+`slice_chips('v5p:2x2x4')` needs no libtpu: one stand-in per chip, for checks that only
+lay a mesh over the slice (a training config's dry run, `jaxrl-llm-train --dry_run`).
+
 `CHIPS` holds one chip's figures per generation, each from Google's data sheet for it (the
 `source`), except `hbm_bytes`: the HBM that XLA:TPU itself lets a program use, read from
 the compiler's out-of-memory message (a program that asks for more fails to compile with
@@ -73,18 +76,23 @@ def _quiet_libtpu() -> None:
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
+def _check_name(name: str, num_slices: int, fields: tuple[str, str]) -> None:
+  """`fields`: how the caller names the two settings ('--topology', '--num_slices')."""
+  if not isinstance(name, str) or not _NAME.match(name):
+    raise TopologyError(f"{fields[0]}={name!r}: expected GENERATION:SHAPE with a generation of "
+                        f"{', '.join(CHIPS)} and a shape such as 2x4 or 2x2x4 (e.g. v5e:2x4, "
+                        "v5p:2x2x4)")
+  if isinstance(num_slices, bool) or not isinstance(num_slices, int) or num_slices < 1:
+    raise TopologyError(f"{fields[1]}={num_slices!r}: expected 1 or more")
+
+
 def topology_devices(name: str, num_slices: int = 1) -> list:
   """The devices of `num_slices` slices of topology `name` (e.g. 'v5e:2x4', 'v5p:4x4x4').
 
   Raises:
     TopologyError: an unknown generation or shape, or libtpu missing, in one line.
   """
-  if not _NAME.match(name):
-    raise TopologyError(f"--topology={name!r}: expected GENERATION:SHAPE with a generation of "
-                        f"{', '.join(CHIPS)} and a shape such as 2x4 or 2x2x4 (e.g. v5e:2x4, "
-                        "v5p:2x2x4)")
-  if num_slices < 1:
-    raise TopologyError(f"--num_slices={num_slices}: expected 1 or more")
+  _check_name(name, num_slices, ("--topology", "--num_slices"))
   if importlib.util.find_spec("libtpu") is None and not os.environ.get("TPU_LIBRARY_PATH"):
     raise TopologyError("the TPU compiler (libtpu) is not installed: pip install \"jax[tpu]\" "
                         "(the version matching jax), or pip install -e '.[tpu]'")
@@ -96,6 +104,39 @@ def topology_devices(name: str, num_slices: int = 1) -> list:
     message = " ".join(str(e).split()).removeprefix("INVALID_ARGUMENT: ")
     raise TopologyError(f"--topology={name!r}: {message}") from e
   return list(desc.devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceChip:
+  """One chip of a slice named by its topology, standing in for its device where only a
+  mesh is laid over the slice: what `jax.sharding.Mesh` and `mesh_utils` read of a TPU
+  device (its id, coordinates and slice)."""
+  id: int
+  coords: tuple[int, int, int]
+  slice_index: int
+  device_kind: str
+  process_index: int = 0  # the hosts are not modelled
+  core_on_chip: int = 0
+  platform: str = "tpu"
+
+
+def slice_chips(name: str, num_slices: int = 1,
+                fields: tuple[str, str] = ("--topology", "--num_slices")) -> list[SliceChip]:
+  """A stand-in per chip of `num_slices` slices of topology `name`, without libtpu: one
+  device per chip, as a training run sees them (a v4 chip's two TensorCores are one
+  megacore device; `topology_devices` gives the compiler's two).
+
+  Raises:
+    TopologyError: an unknown generation or shape, naming `fields` (the caller's names of
+      the two settings, e.g. ('config.mesh.topology', 'config.mesh.num_slices')).
+  """
+  _check_name(name, num_slices, fields)
+  generation, shape = name.split(":")
+  dims = [int(d) for d in shape.split("x")] + [1]
+  x, y, z = dims[:3]
+  kind = CHIPS[generation].device_kind
+  return [SliceChip(s * x * y * z + i, (i % x, i // x % y, i // (x * y)), s, kind)
+          for s in range(num_slices) for i in range(x * y * z)]
 
 
 def chip_of(devices) -> Chip:
