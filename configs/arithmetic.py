@@ -39,12 +39,15 @@ def apply(config, steps: int, runlocal: bool = False):
   config.model.path = assets.path("arithmetic_sft")
   if config.teacher.path == config_lib.REQUIRED:  # a distillation preset (opd)
     config.teacher.path = assets.path("arithmetic_grpo")
+  rewards = config_lib.schema.rewards_config()  # the schema's: the task's exact match and format
   if len(config.sources):  # a mixed preset: every source on the task
     for source in config.sources.values():
       source.data, source.task_options = "task:arithmetic", TASK_OPTIONS
+      source.rewards.update(rewards)
   else:
     config.data.source = "task:arithmetic"
     config.data.task_options = TASK_OPTIONS
+    config.rewards.update(rewards)  # also a preset without any (opd)
   config.sampling.max_new_tokens = 4  # the longest answer, '-30', plus EOS
   config.sampling.max_prompt_len = 8  # the longest prompt, '30-30=', is 6 characters
   config.sampling.prompt_buckets = (8,)

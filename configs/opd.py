@@ -6,9 +6,11 @@ Agarwal et al. 2024, "On-Policy Distillation of Language Models" (GKD, arXiv:230
 with the reverse KL, as in Thinking Machines' on-policy distillation: per token
 `-m·sg(log π_T - log π)·ρ + 1e-3·(log ρ)²`, token mean, where `m = 0` for tokens whose
 probability fell more than 0.2 below the sampler's. No reward or advantage enters the
-loss (`algo.loss.pg_coef = 0`; rewards are still computed and logged) and G only fans
-out sampling. The per-token reverse KL to the teacher is logged as
-`distill/reverse_kl`.
+loss (`algo.loss.pg_coef = 0`) and G only fans out sampling. The per-token reverse KL to the teacher is logged as
+`distill/reverse_kl`. So the preset names no reward functions, on any data, and no
+held-out evaluation (which reports the first function): set `config.rewards.functions`
+and `config.train.eval_every` to score the samples and evaluate as well, as
+`configs/arithmetic.py:preset=opd` does with the task's exact-match reward.
 
 `config.teacher.path` is required: a Hugging Face directory (local or gs://) of a model
 with the policy's tokenizer (checked at start); it may be larger or of another family.
@@ -36,6 +38,9 @@ from jaxrl_llm.config import REQUIRED, make_preset
 def get_config(arg=None):
   return make_preset(arg, {
       "teacher.path": REQUIRED,
+      "rewards.functions": (),  # the teacher carries the signal
+      "rewards.weights": (),
+      "train.eval_every": 0,  # the held-out evaluation reports the first reward function
       "algo.loss.pg_coef": 0.0,
       "algo.loss.aggregation": "token_mean",
       "algo.distill.coef": 1.0,

@@ -12,7 +12,9 @@ template's rendering of that one system message (the plain text without a templa
 at most `algo.distill.max_hint_len` tokens; `distill/reverse_kl` logs the gap.
 
 `data.source` is required: a dataset whose records carry the demonstration, e.g. JSONL
-lines `{"prompt": ..., "demonstration": ...}` (checked at start).
+lines `{"prompt": ..., "demonstration": ...}` (checked at start). As in opd, no reward
+functions and no held-out evaluation unless set (`config.rewards.functions`,
+`config.train.eval_every`): the hinted policy carries the signal.
 
 Run:
   python -m launch.train --config=configs/opsd.py --config.data.source=jsonl:data/{split}.jsonl \
@@ -28,6 +30,9 @@ from jaxrl_llm.config import REQUIRED, make_preset
 def get_config(arg=None):
   return make_preset(arg, {
       "data.source": REQUIRED,
+      "rewards.functions": (),  # the hinted policy carries the signal
+      "rewards.weights": (),
+      "train.eval_every": 0,  # the held-out evaluation reports the first reward function
       "algo.loss.pg_coef": 0.0,
       "algo.loss.aggregation": "token_mean",
       "algo.distill.coef": 1.0,

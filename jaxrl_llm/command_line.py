@@ -28,11 +28,12 @@ def with_preset_paths(argv: list[str]) -> list[str]:
   out = []
   for arg in argv:
     if arg.startswith("--config="):
-      spec, sep, rest = arg[len("--config="):].partition(":")
+      value = arg[len("--config="):]
+      spec, sep, rest = value.partition(":")
       try:
         arg = f"--config={presets.path(spec)}{sep}{rest}"
-      except ValueError as e:
-        usage_error(str(e))
+      except ValueError as e:  # one line, as a bad config value's
+        usage_error(f"--config={value}: {e}", flags_help=False)
     out.append(arg)
   return out
 

@@ -9,7 +9,9 @@ such a path into a callable:
   'path/to/my_rewards.py:exact_match'   # a Python file, then an attribute
 
 The attribute part may be dotted (`'pkg.mod:Class.method'`). Every failure
-raises an error that names the path and says what was missing.
+raises an error that names the path and says what was missing; given the config field
+that holds the path (`field='config.rewards.functions[0]'`), one `ImportPathError` (a
+`ValueError`) that names the field first.
 """
 import functools
 import hashlib
@@ -68,24 +70,46 @@ def _load_module(name: str):
         f"Import path names module {name!r}, which cannot be imported: {e}") from e
 
 
-@functools.lru_cache(maxsize=None)
-def load_function(spec: str) -> Callable[..., Any]:
+class ImportPathError(ValueError):
+  """An import path in a config field that does not name a callable (`load_function`
+  with `field`): one line naming the field, the path and what is wrong."""
+
+
+def load_function(spec: str, field: str = "") -> Callable[..., Any]:
   """Returns the callable that `spec` names.
 
   Args:
     spec: `"pkg.module:function"` (imported with `importlib`) or
       `"path/to/file.py:function"` (a file path, relative to the working
       directory or absolute). The part after the last colon may be dotted.
+    field: the config field that holds `spec` (`'config.data.env'`), named by any error.
 
   Returns:
     The callable. Results are cached per `spec`.
 
   Raises:
+    ImportPathError: with `field`, for any of the failures below.
     ValueError: `spec` is not of the form `where:name`.
     FileNotFoundError / ModuleNotFoundError: the file or module is missing.
     AttributeError: the module has no such attribute.
     TypeError: the attribute is not callable.
   """
+  if not field:
+    return _load(spec)
+  try:
+    return _load(spec)
+  except Exception as e:  # noqa: BLE001 -- a user's file may raise anything as it loads
+    message = " ".join(str(e).split()).rstrip(".")
+    if not isinstance(e, (ValueError, ImportError, OSError, AttributeError, TypeError)):
+      message = f"importing it raised {type(e).__name__}: {message}"
+    expected = ("" if "must look like" in message else
+                ': expected "pkg.module:function" or "path/to/file.py:function" naming a '
+                "function that exists")
+    raise ImportPathError(f"{field}={spec!r}: {message}{expected}") from e
+
+
+@functools.lru_cache(maxsize=None)
+def _load(spec: str) -> Callable[..., Any]:
   where, attr = _split(spec)
   module = _load_file(where) if _is_file(where) else _load_module(where)
   obj = module

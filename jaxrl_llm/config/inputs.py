@@ -4,13 +4,15 @@ The training split (and the eval split when the run evaluates) is loaded as the 
 loads it, which reads and checks a JSONL file whole (a missing file, malformed JSON, a
 record without a string `prompt`, an empty file; for SFT a `completion`), and the first
 `PROMPTS_CHECKED` prompts of each split are tokenized as the trainer will (chat
-template, `data.max_prompt_len`, `data.prompt_overflow`). A failure is a `ConfigError`
-naming the source, the record and what was expected. The trainer's own loading stays
+template, `data.max_prompt_len`, `data.prompt_overflow`), and every field their reward
+functions read is checked in them (`reward_checks.check_fields`). A failure is a
+`ConfigError` naming the source, the record and what was expected. The trainer's own loading stays
 the final word: a later record that breaks a rule still stops the run when it is met.
 """
 from __future__ import annotations
 
-from jaxrl_llm import data
+from jaxrl_llm import data, import_path
+from jaxrl_llm.config import reward_checks
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.config.errors import ConfigError
 
@@ -34,6 +36,8 @@ def check_inputs(config) -> None:
           if not isinstance(record.get("prompt"), str):
             raise ValueError(f"{field}={d.source!r} (split {split!r}): record {i} has "
                              f"no string 'prompt' field (fields: {sorted(record)})")
+        if d.completions == "sample" or split == "eval":  # what the functions score
+          reward_checks.check_fields(source, first, f"{field}={d.source!r} (split {split!r})")
         tok = data.tokenize_prompts(tokenizer, [r["prompt"] for r in first], d,
                                     config.sampling.prompt_buckets,
                                     indices=list(range(len(first))))
@@ -60,6 +64,7 @@ def check_environment(source, tokenizer, first_record=None) -> None:
   field = f"{source.field}.env={source.env['env']!r}"
   env = None
   try:
+    import_path.load_function(source.env["env"], field=f"{source.field}.env")
     env = envs.environment_for(source.env)
     renderer = envs.renderer_for(tokenizer, env)
     if first_record is not None:

@@ -128,6 +128,9 @@ def names() -> list[str]:
 def path(spec: str) -> str:
   """The file of a preset name (`grpo`) or path (`configs/grpo.py`), without the `:arg`."""
   if spec.endswith(".py") or os.sep in spec:
+    if not os.path.isfile(os.path.expanduser(spec)):
+      raise ValueError(f"config file {spec!r} does not exist: expected an existing file "
+                       f"(path/to/file.py[:arg]) or a preset name, one of {', '.join(names())}")
     return spec
   file = os.path.join(directory(), spec + ".py")
   if not os.path.isfile(file):

@@ -3,7 +3,8 @@
 A bad value fails in seconds with one `ConfigError` naming the field, the value and
 what was expected, not an hour into a run. Checks that belong to an object the library
 builds from the config (the sampler's settings, the reward functions) are that object's
-own: they run here by building it. The algorithm axes are checked in `algo_checks`.
+own: they run here by building it. The algorithm axes are checked in `algo_checks`, the
+reward functions in `reward_checks`.
 """
 from __future__ import annotations
 
@@ -12,15 +13,14 @@ import math
 import jax
 from absl import logging
 
-from jaxrl_llm import paths, platform, sampling
+from jaxrl_llm import import_path, paths, platform, sampling
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.config import algo_checks, inputs, keys, schema
+from jaxrl_llm.config import algo_checks, inputs, keys, reward_checks, schema
 from jaxrl_llm.config.errors import ConfigError
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.data import char_tokenizer, prompts, sources
 from jaxrl_llm.models import config as model_config
 from jaxrl_llm.models import load as model_load
-from jaxrl_llm.rewards import RewardSet
 
 COMPLETION_SOURCES = ("sample", "dataset")  # config.data.completions
 OPTIMIZERS = ("adamw",)
@@ -54,7 +54,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_envs(config)
     _check_routing_replay(config, devices)
     _check_teacher(config)
-    RewardSet.from_config(config.rewards)  # resolves the functions, checks the weights
+    reward_checks.check_rewards(config)  # resolves the functions, checks the weights
     if workdir is not None:
       check_writable(workdir)
     if data:
@@ -279,8 +279,9 @@ def _check_lora(config) -> None:
 
 
 def _check_sources(config) -> None:
-  """`config.sources`: the run-level fields they replace left alone, each source's data,
-  rewards and per-row algorithm valid (errors name `config.sources.NAME....`)."""
+  """`config.sources`: the run-level fields they replace left alone, each source's data
+  and per-row algorithm valid (errors name `config.sources.NAME....`; its rewards:
+  `reward_checks`)."""
   errors = sources_lib.check_sources(config)
   if errors:
     raise ConfigError("; ".join(errors))
@@ -288,7 +289,6 @@ def _check_sources(config) -> None:
     field = f"sources.{name}"
     try:
       sources.parse_source(source.data)
-      RewardSet.from_config(source.rewards)
       algo_checks.validate_algo(sources_lib.source_algo(config, name),
                                 config.sampling.num_samples)
     except ValueError as e:
@@ -334,6 +334,7 @@ def _check_envs(config) -> None:
     return
   for s in multi:
     e, where = s.env, s.field.removeprefix("config.")
+    import_path.load_function(e["env"], field=f"{s.field}.env")  # a typo fails here
     for key in ("max_turns", "env_workers"):
       if isinstance(e[key], bool) or not isinstance(e[key], int) or e[key] < 1:
         _fail(f"{where}.{key}", e[key], "an integer >= 1")

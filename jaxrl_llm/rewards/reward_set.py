@@ -10,6 +10,12 @@ by import path (`"jaxrl_llm.rewards.arithmetic:arithmetic_exact"` or
 `"path/to/file.py:fn"`) and resolved by `jaxrl_llm.import_path`; a function
 that does not use a field takes `**unused_fields`.
 
+The fields a function reads are its parameters after the first two that have no
+default (`answer` above); `RewardSet.missing_fields` compares them with a record's
+fields, so data that lacks one is refused before anything loads
+(`jaxrl_llm.config.inputs`). A set may be empty, where an environment's step rewards
+or a teacher carry the signal: its total is 0.
+
 `RewardSet` calls every function on a batch, checks what comes back, and
 returns the weighted total per sample plus each function's own values. A
 function that raises, returns the wrong number of values, or returns a value
@@ -17,6 +23,7 @@ that is not a finite real number stops the run with a `RewardError` naming the
 function's import path, the sample index and that sample's prompt and completion.
 """
 import dataclasses
+import inspect
 import math
 import numbers
 from typing import Callable, Sequence
@@ -73,38 +80,51 @@ def _short_names(paths: Sequence[str], fns: Sequence[Callable]) -> list[str]:
 class RewardSet:
   """Reward functions with weights; call it on a batch to get `Rewards`."""
 
-  def __init__(self, functions: Sequence[str], weights: Sequence[float]):
+  def __init__(self, functions: Sequence[str], weights: Sequence[float],
+               field: str = "config.rewards"):
     """Resolves the functions.
 
     Args:
-      functions: import paths, e.g. `("jaxrl_llm.rewards.arithmetic:arithmetic_exact",)`.
+      functions: import paths, e.g. `("jaxrl_llm.rewards.arithmetic:arithmetic_exact",)`;
+        none: every total is 0 (the signal comes from elsewhere).
       weights: one finite float per function.
+      field: the config group that names them (`config.sources.NAME.rewards`), for errors.
 
     Raises:
-      ValueError: no functions, or weights that do not match them.
-      (and whatever `import_path.load_function` raises for a bad path)
+      ValueError: weights that do not match the functions, or a path that does not
+        resolve (`import_path.ImportPathError`, naming `FIELD.functions[i]`).
     """
     functions, weights = tuple(functions), tuple(weights)
-    if not functions:
-      raise ValueError(
-          "No reward functions: set config.rewards.functions to import paths such as "
-          "('jaxrl_llm.rewards.arithmetic:arithmetic_exact',).")
     if len(weights) != len(functions):
       raise ValueError(
-          f"config.rewards.weights has {len(weights)} values for {len(functions)} "
+          f"{field}.weights has {len(weights)} values for {len(functions)} "
           f"functions {functions}; give exactly one weight per function.")
     for path, w in zip(functions, weights):
       if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w):
-        raise ValueError(f"Reward weight {w!r} for {path!r} is not a finite number.")
-    self.paths = functions
+        raise ValueError(f"{field}.weights: {w!r} for {path!r} is not a finite number.")
+    self.paths, self.field = functions, field
     self.weights = tuple(float(w) for w in weights)
-    self.fns = tuple(import_path.load_function(p) for p in functions)
+    self.fns = tuple(import_path.load_function(p, field=f"{field}.functions[{i}]")
+                     for i, p in enumerate(functions))
     self.names = tuple(_short_names(self.paths, self.fns))
 
   @classmethod
-  def from_config(cls, rewards_cfg) -> "RewardSet":
-    """Builds from `config.rewards` (`functions`, `weights`)."""
-    return cls(rewards_cfg.functions, rewards_cfg.weights)
+  def from_config(cls, rewards_cfg, field: str = "config.rewards") -> "RewardSet":
+    """Builds from `config.rewards` (`functions`, `weights`); `field`: where it is."""
+    return cls(rewards_cfg.functions, rewards_cfg.weights, field)
+
+  def missing_fields(self, fields) -> list[tuple[str, str]]:
+    """(function's import path, field) for each field a function reads that is not among
+    `fields` (a record's keys besides `prompt`, plus what the trainer adds)."""
+    return [(path, name) for path, fn in zip(self.paths, self.fns)
+            for name in fields_read(fn)[0] if name not in fields]
+
+  def unexpected_fields(self, fields) -> list[tuple[str, str]]:
+    """(function's import path, field) for each of `fields` that a function without a
+    `**fields` parameter does not take (calling it would raise TypeError)."""
+    return [(path, name) for path, fn in zip(self.paths, self.fns)
+            if (takes := fields_read(fn)[1]) is not None
+            for name in fields if name not in takes]
 
   def __call__(self, prompts: Sequence[str], completions: Sequence[str],
                **fields: Sequence) -> Rewards:
@@ -133,7 +153,7 @@ class RewardSet:
     total = np.zeros([size], np.float32)
     per_function = {}
     for path, name, fn, weight in zip(self.paths, self.names, self.fns, self.weights):
-      values = _call_checked(path, fn, prompts, completions, fields)
+      values = _call_checked(path, fn, prompts, completions, fields, self.field)
       per_function[name] = values
       total += np.float32(weight) * values
     return Rewards(total=total, per_function=per_function)
@@ -143,10 +163,27 @@ def _sample_text(prompts, completions, i) -> str:
   return f"prompt={_show(prompts[i])}, completion={_show(completions[i])}"
 
 
-def _call_checked(path, fn, prompts, completions, fields) -> np.ndarray:
+def fields_read(fn: Callable) -> tuple[tuple[str, ...], frozenset[str] | None]:
+  """What `fn(prompts, completions, **fields)` reads: the fields it needs (its parameters
+  after the first two that have no default) and those it takes (None: any, `**fields`).
+  ((), None) when its signature is unknown."""
+  try:
+    params = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError):  # some builtins and C callables
+    return (), None
+  kind = inspect.Parameter
+  positional = [p for p in params if p.kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD)]
+  named = [p for p in params if p not in positional[:2]  # prompts, completions: by position
+           and p.kind in (kind.POSITIONAL_OR_KEYWORD, kind.KEYWORD_ONLY)]
+  needed = tuple(p.name for p in named if p.default is kind.empty)
+  any_field = any(p.kind == kind.VAR_KEYWORD for p in params)
+  return needed, None if any_field else frozenset(p.name for p in named)
+
+
+def _call_checked(path, fn, prompts, completions, fields, field) -> np.ndarray:
   """Calls one reward function and validates its values; float32 [B]."""
   size = len(prompts)
-  who = f"Reward function {path!r} (config.rewards.functions)"
+  who = f"Reward function {path!r} ({field}.functions)"
   try:
     values = fn(list(prompts), list(completions), **{k: list(v) for k, v in fields.items()})
   except Exception as e:  # pylint: disable=broad-except

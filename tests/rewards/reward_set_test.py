@@ -1,12 +1,15 @@
 """RewardSet: weighted totals, per-function values, and the errors bad functions get."""
 import os
+import re
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import ml_collections
 import numpy as np
 
-from jaxrl_llm import rewards
+from jaxrl_llm import import_path, rewards
+from jaxrl_llm.rewards import arithmetic
+from jaxrl_llm.rewards import reward_set as reward_set_lib
 
 FAKE = "tests.rewards.fake_rewards:"
 PROMPTS = ["1+1=", "2+2=", "3+3=", "4+4="]
@@ -54,7 +57,6 @@ class RewardSetTest(parameterized.TestCase):
     np.testing.assert_array_equal(out.total, [13.0])
 
   @parameterized.parameters(
-      dict(functions=(), weights=(), message="No reward functions"),
       dict(functions=(FAKE + "length",), weights=(), message="0 values for 1 functions"),
       dict(functions=(FAKE + "length",), weights=(1.0, 2.0), message="2 values for 1"),
       dict(functions=(FAKE + "length",), weights=(float("nan"),), message="not a finite"),
@@ -64,9 +66,38 @@ class RewardSetTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, message):
       rewards.RewardSet(functions, weights)
 
-  def test_bad_import_path(self):
-    with self.assertRaisesRegex(AttributeError, "no_such_fn"):
-      rewards.RewardSet([FAKE + "no_such_fn"], [1.0])
+  def test_bad_import_path_names_the_field(self):
+    with self.assertRaisesRegex(import_path.ImportPathError, re.escape(
+        f"config.sources.a.rewards.functions[1]='{FAKE}no_such_fn': Import path "
+        f"'{FAKE}no_such_fn': 'tests.rewards.fake_rewards' has no attribute 'no_such_fn'")):
+      rewards.RewardSet([FAKE + "length", FAKE + "no_such_fn"], [1.0, 1.0],
+                        field="config.sources.a.rewards")
+
+  def test_no_functions_score_zero(self):
+    """Where an environment or a teacher carries the signal."""
+    out = rewards.RewardSet([], [])(PROMPTS, COMPLETIONS, answer=["2", "5", "6", "8"])
+    np.testing.assert_array_equal(out.total, np.zeros(4, np.float32))
+    self.assertEqual(out.per_function, {})
+    self.assertEqual(out.means(), {"reward/total": 0.0})
+
+  def test_fields_a_function_reads(self):
+    def keyword_only(prompts, completions, *, answer, hint="", **unused):
+      del prompts, completions, answer, hint, unused
+    def no_extra_fields(p, c, answer, numbers=None):
+      del p, c, answer, numbers
+    self.assertEqual(reward_set_lib.fields_read(arithmetic.arithmetic_exact), (("answer",), None))
+    self.assertEqual(reward_set_lib.fields_read(arithmetic.arithmetic_format), ((), None))
+    self.assertEqual(reward_set_lib.fields_read(keyword_only), (("answer",), None))
+    self.assertEqual(reward_set_lib.fields_read(no_extra_fields),
+                     (("answer",), frozenset({"answer", "numbers"})))
+
+  def test_missing_and_unexpected_fields(self):
+    reward_set = rewards.RewardSet(
+        ["jaxrl_llm.rewards.arithmetic:arithmetic_exact", FAKE + "length"], [1.0, 1.0])
+    self.assertEqual(reward_set.missing_fields({"numbers"}),
+                     [("jaxrl_llm.rewards.arithmetic:arithmetic_exact", "answer")])
+    self.assertEqual(reward_set.missing_fields({"answer", "numbers"}), [])
+    self.assertEqual(reward_set.unexpected_fields({"answer", "numbers"}), [])  # **fields
 
   def test_misaligned_inputs(self):
     reward_set = rewards.RewardSet([FAKE + "length"], [1.0])

@@ -93,7 +93,7 @@ class ConfigKeysTest(CatalogTest):
       ("unknown_preset", ["--config=configs/arithmetic.py:preset=grpp"],
        r"preset='grpp': expected one of grpo, "),
       ("missing_config_file", ["--config=configs/nonexistent.py"],
-       r"No such file or directory: 'configs/nonexistent.py'"),
+       r"config file 'configs/nonexistent.py' does not exist"),
   )
   def test_command_line(self, flags, message):
     workdir = self.new_workdir()
@@ -101,6 +101,24 @@ class ConfigKeysTest(CatalogTest):
     self.assertEqual(run.returncode, 2, run.stderr)
     self.assertRegex(run.stderr, message)
     self.assertNotIn("Traceback", run.stderr)  # one clear line, not a stack
+    self.assertFalse(os.path.exists(workdir))
+
+  @parameterized.named_parameters(
+      ("missing_file", "configs/nope.py", "--config=configs/nope.py: config file "
+       "'configs/nope.py' does not exist: expected an existing file (path/to/file.py[:arg]) "
+       "or a preset name, one of arithmetic, cispo, "),
+      ("missing_file_with_an_argument", "configs/nope.py:runlocal", "--config=configs/nope.py:"
+       "runlocal: config file 'configs/nope.py' does not exist: expected an existing file"),
+      ("unknown_preset_name", "nope", "--config=nope: config 'nope' is neither a file nor a "
+       "preset name: expected one of arithmetic, cispo, "),
+  )
+  def test_config_that_is_not_there_is_one_line(self, value, message):
+    workdir = self.new_workdir()
+    run = run_train([f"--workdir={workdir}", f"--config={value}"])
+    self.assertEqual(run.returncode, 2, run.stderr)
+    lines = run.stderr.strip().splitlines()
+    self.assertLen(lines, 1, run.stderr)
+    self.assertStartsWith(lines[0], message)
     self.assertFalse(os.path.exists(workdir))
 
   @parameterized.named_parameters(
@@ -410,6 +428,67 @@ class RewardTest(CatalogTest):
     config.rewards.weights = (1.0,)
     self.assert_refused_before_a_step(config, ValueError, re.escape(
         f"Reward function '{FAKE_REWARDS}:{fn}' (config.rewards.functions) ") + message)
+
+
+# --- 7b. reward functions and environments named by import path --------------------------
+EXPECTED_IMPORT = ': expected "pkg.module:function" or "path/to/file.py:function" naming a function'
+ARITHMETIC_EXACT = "jaxrl_llm.rewards.arithmetic:arithmetic_exact"
+
+
+class ImportPathAndRewardsTest(CatalogTest):
+  """Each one line on the command line, exit 2, before anything loads."""
+
+  def assert_one_line(self, flags, message):
+    workdir = self.new_workdir()
+    run = run_train([f"--workdir={workdir}", *flags])
+    self.assertEqual(run.returncode, 2, run.stderr)
+    lines = run.stderr.strip().splitlines()
+    self.assertLen(lines, 1, run.stderr)
+    self.assertEqual(lines[0], message)
+    self.assertFalse(os.path.exists(os.path.join(workdir, "metrics.jsonl")))  # no step
+
+  @parameterized.named_parameters(
+      ("reward_function", ["--config=configs/smoke.py", "--config.rewards.functions=("
+                           "'no_such_pkg.rewards:exact',)", "--config.rewards.weights=(1.0,)"],
+       "config.rewards.functions[0]='no_such_pkg.rewards:exact': Import path names module "
+       "'no_such_pkg.rewards', which cannot be imported: No module named 'no_such_pkg'"),
+      ("environment", ["--config=configs/smoke.py", "--config.data.env=no_such_pkg.envs:Env"],
+       "config.data.env='no_such_pkg.envs:Env': Import path names module 'no_such_pkg.envs', "
+       "which cannot be imported: No module named 'no_such_pkg'"),
+      ("a_sources_reward_function", [
+          "--config=configs/arithmetic.py:preset=mixed,runlocal",
+          "--config.sources.rl.rewards.functions=('jaxrl_llm.rewards.arithmetic:exact',)",
+          "--config.sources.rl.rewards.weights=(1.0,)"],
+       "config.sources.rl.rewards.functions[0]='jaxrl_llm.rewards.arithmetic:exact': Import "
+       "path 'jaxrl_llm.rewards.arithmetic:exact': 'jaxrl_llm.rewards.arithmetic' has no "
+       "attribute 'exact'"),
+  )
+  def test_import_path_error_names_the_field(self, flags, message):
+    self.assert_one_line(flags, message + EXPECTED_IMPORT + " that exists")
+
+  @parameterized.named_parameters(
+      ("run", ["--config=configs/smoke.py"], "config.rewards", "config.data", "config.algo"),
+      ("source", ["--config=configs/arithmetic.py:preset=mixed,runlocal"],
+       "config.sources.rl.rewards", "config.sources.rl", "config.sources.rl.algo"),
+  )
+  def test_no_reward_functions_without_another_signal(self, flags, rewards, source, algo):
+    self.assert_one_line(
+        [*flags, f"--{rewards}.functions=()", f"--{rewards}.weights=()"],
+        f"{rewards}.functions=(): expected reward functions (import paths such as "
+        f"'{ARITHMETIC_EXACT}'): nothing else gives these rows a training signal (no "
+        f"environment in {source}.env, no teacher: {algo}.distill.coef and shaping_coef are 0)")
+
+  def test_a_field_a_reward_function_reads_is_missing(self):
+    """The smoke run's arithmetic reward reads `answer`: records without one are refused
+    before the model loads (they would fail at step 1)."""
+    path = write_jsonl(os.path.join(self.create_tempdir().full_path, "data.jsonl"),
+                       ["1+1=", "2+2="])
+    self.assert_one_line(
+        ["--config=configs/smoke.py", f"--config.data.source=jsonl:{path}"],
+        f"config.data.source='jsonl:{path}' (split 'train'): reward function "
+        f"'{ARITHMETIC_EXACT}' (config.rewards.functions) reads the field 'answer', which "
+        "record 0 lacks (its fields: ['prompt']): expected records with 'answer', or other "
+        "reward functions")
 
 
 # --- 8. a workdir that cannot be written ---------------------------------------------------------
