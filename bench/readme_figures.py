@@ -42,7 +42,8 @@ COMMANDS = {
     "calculator": ["-m", "launch.demo", "--task=calculator"],
     "moe": ["-m", "launch.demo", "--task=moe"],
 }
-NEEDS = {"moe": ("demo",)}  # the MoE table has the dense run beside it
+# The MoE table has the dense run beside it: `--only=moe` runs demo too, unless --keep has it.
+NEEDS = {"moe": ("demo",)}
 MARKED = {"demo": ("README.md",), "notebook": ("README.md", NOTEBOOK),
           "calculator": ("README.md",), "moe": ("README.md",)}
 
@@ -77,6 +78,8 @@ def run(name: str, workdir: str) -> float:
     if proc.returncode:
       raise RuntimeError(f"{name} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
   wall = time.perf_counter() - start
+  with open(os.path.join(workdir, "load"), "w") as f:  # others' work on the cores slows it
+    f.write(f"{os.getloadavg()[1]:.1f}\n")  # the last 5 minutes'
   with open(os.path.join(workdir, "wall_s"), "w") as f:
     f.write(f"{wall:.1f}\n")
   return wall
@@ -88,16 +91,16 @@ def _median(values: list) -> float:
 
 def figures(workdir: str) -> dict:
   """A finished run's figures: held-out accuracy and valid-call rate by step, medians of a
-  step's time and its sampling and update parts, the wall time."""
+  step's time and its sampling and update parts, the wall time and the load average."""
   rows = plots.read_metrics(os.path.join(workdir, "metrics.jsonl"))
   def by_step(end):  # the eval reward `eval/reward/*END` at each evaluation
     evals = ((r["step"], [v for k, v in sorted(r.items())
                           if k.startswith("eval/reward/") and k.endswith(end)]) for r in rows)
     return {step: found[0] for step, found in evals if found}
-  with open(os.path.join(workdir, "wall_s")) as f:
-    wall = float(f.read())
+  with open(os.path.join(workdir, "wall_s")) as f, open(os.path.join(workdir, "load")) as g:
+    wall, load = float(f.read()), float(g.read())
   median = lambda key: _median([r[key] for r in rows if key in r])
-  return dict(accuracy=by_step("_exact"), valid_call=by_step("valid_call"), wall=wall,
+  return dict(accuracy=by_step("_exact"), valid_call=by_step("valid_call"), wall=wall, load=load,
               step_s=median("step_time_s"), sample_s=median("sample_time_s"),
               update_s=median("update_time_s"))
 
@@ -105,6 +108,11 @@ def figures(workdir: str) -> dict:
 def _clock(seconds: float) -> str:
   minutes, seconds = divmod(round(seconds), 60)
   return f"{minutes}:{seconds:02d}"
+
+
+def _cores(fig: dict) -> str:
+  """The 2 cores, and how busy: a load average above 2 means others' work shared them."""
+  return f"2 CPU cores (load average {fig['load']:.1f})"
 
 
 def _row(label: str, values: dict) -> str:
@@ -124,13 +132,13 @@ def render(name: str, results: dict, date: str) -> str:
   if name == "demo":
     late = [v for s, v in acc.items() if s >= 60]
     return (f"from {acc[0]:.2f} to {acc[20]:.2f} in 20 steps and {min(late):.2f}-"
-            f"{max(late):.2f} from step 60 to {last}, in {_clock(fig['wall'])} on 2 CPU cores "
-            f"({date})")
+            f"{max(late):.2f} from step 60 to {last}, in {_clock(fig['wall'])} on {_cores(fig)}, "
+            f"{date}")
   if name == "notebook":
-    return (f"{fig['wall'] / 60:.1f} minutes on 2 CPU cores (held-out accuracy "
-            f"{acc[0]:.3f} at step 0, {acc[last]:.3f} at step {last}; {date})")
+    return (f"{fig['wall'] / 60:.1f} minutes on {_cores(fig)}, {date} (held-out accuracy "
+            f"{acc[0]:.3f} at step 0, {acc[last]:.3f} at step {last})")
   if name == "calculator":
-    return (f"seed 0, 2 CPU cores, {date} (`python -m launch.demo --task=calculator`, "
+    return (f"seed 0, {_cores(fig)}, {date} (`python -m launch.demo --task=calculator`, "
             f"**{_clock(fig['wall'])} wall time** for the {last} steps with {len(acc)} "
             f"evaluations):\n\n{_table('step', list(acc))}\n"
             f"{_row('held-out accuracy', acc)}\n"
@@ -140,9 +148,9 @@ def render(name: str, results: dict, date: str) -> str:
             f"process), and one update, {fig['update_s']:.1f} s.")
   if name == "moe":
     dense = results["demo"]
-    return (f"Seed 0, {date}, {_clock(fig['wall'])} for the {last} steps (`make demo`: "
-            f"{_clock(dense['wall'])}); held-out greedy accuracy on 256 problems, every 20 "
-            f"steps:\n\n{_table('steps', list(acc))}\n"
+    return (f"Seed 0, {_cores(fig)}, {date}, {_clock(fig['wall'])} for the {last} steps "
+            f"(`make demo`: {_clock(dense['wall'])}); held-out greedy accuracy on 256 problems, "
+            f"every 20 steps:\n\n{_table('steps', list(acc))}\n"
             f"{_row('MoE (8 experts, 4 active), GRPO + replay', acc)}\n"
             f"{_row('dense, `make demo`', dense['accuracy'])}")
   raise ValueError(f"--only: no figure {name!r}; expected one of {', '.join(COMMANDS)}")
@@ -180,11 +188,11 @@ def main():
   ap.add_argument("--reuse", action="store_true", help="read --keep's runs instead of running")
   ap.add_argument("--write", action="store_true", help="rewrite the marked README figures")
   args = ap.parse_args()
-  names = [n for n in args.only.split(",") if n]
-  for n in names:
+  chosen = [n for n in args.only.split(",") if n]
+  for n in chosen:
     if n not in COMMANDS:
       ap.error(f"--only: {n!r} is not one of {', '.join(COMMANDS)}")
-  names = [n for n in COMMANDS if n in names or any(n in NEEDS.get(m, ()) for m in names)]
+  names = [n for n in COMMANDS if n in chosen or any(n in NEEDS.get(m, ()) for m in chosen)]
   if args.reuse and not args.keep:
     ap.error("--reuse: needs --keep=DIR, the runs to read")
   os.environ["JAX_PLATFORMS"] = "cpu"
@@ -193,13 +201,15 @@ def main():
   print(f"{date}, load average {os.getloadavg()[0]:.1f}, runs in {root}", flush=True)
   results = {}
   for n in names:
-    if not args.reuse:
+    kept = os.path.exists(os.path.join(root, n, "wall_s"))
+    if not args.reuse and (n in chosen or not kept):  # a needed run already kept is read
       print(f"{n}: {_clock(run(n, os.path.join(root, n)))}", flush=True)
     results[n] = figures(os.path.join(root, n))
-  print(f"\n| run | wall | held-out accuracy (step: value) | date |\n|---|---|---|---|")
+  print("\n| run | wall | load average | held-out accuracy (step: value) | date |\n"
+        "|---|---|---|---|---|")
   for n, fig in results.items():
     accuracy = ", ".join(f"{s}: {v:.3f}" for s, v in fig["accuracy"].items())
-    print(f"| {n} | {_clock(fig['wall'])} | {accuracy} | {date} |")
+    print(f"| {n} | {_clock(fig['wall'])} | {fig['load']:.1f} | {accuracy} | {date} |")
   for n in names if args.write else ():
     for path in MARKED[n]:
       rewrite(path, n, render(n, results, date))

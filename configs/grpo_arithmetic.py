@@ -12,15 +12,11 @@ Run:
   make demo                       # sets itself up, then runs the command below
   JAX_PLATFORMS=cpu python -m launch.demo --workdir=workdir/demo
   python -m launch.train --config=configs/grpo_arithmetic.py --workdir=/tmp/grpo_arith
-Hardware: 2 CPU cores, about 2 minutes (wall time of `make demo` once installed: 1:54 on
-idle cores, 2026-11-30).
-Expected result (measured, seed 0, 200 steps, with the Gumbel-max sampler): held-out greedy
-accuracy 0.637 at step 0, then every 20 steps 0.852, 0.895, 0.914, 0.914, 0.918, 0.910,
-0.922, 0.922, 0.918, 0.906 (the inverse-CDF sampler before it drew other tokens from the
-same seed and gave 0.836, 0.910, ..., 0.930). A 300-step run (with an earlier sampler's
-random stream) reached 0.914: on the
-problems that need a carry greedy accuracy went from 0.09 to 0.87, on the others from
-0.975 to 0.943.
+Hardware: 2 CPU cores, about 2 minutes on idle cores (1:54, 2026-11-30).
+Expected result (seed 0, 200 steps): README, "Quick start", and the whole curve in
+"Mixture-of-experts models" (its dense row); `make figures` reruns it and rewrites both.
+A 300-step run (with an earlier sampler's random stream) reached 0.914: on the problems
+that need a carry greedy accuracy went from 0.09 to 0.87, on the others from 0.975 to 0.943.
 """
 from jaxrl_llm import config as config_lib
 

@@ -33,6 +33,8 @@ def fake_run(workdir: str, accuracy: dict, wall: float) -> dict:
     f.writelines(json.dumps(r) + "\n" for r in rows)
   with open(os.path.join(workdir, "wall_s"), "w") as f:
     f.write(f"{wall}\n")
+  with open(os.path.join(workdir, "load"), "w") as f:
+    f.write("1.5\n")
   return readme_figures.figures(workdir)
 
 
@@ -46,12 +48,15 @@ class ReadmeFiguresTest(absltest.TestCase):
         opened, closed = f"<!-- figures:{name} -->", f"<!-- /figures:{name} -->"
         self.assertEqual((text.count(opened), text.count(closed)), (1, 1), (name, path))
         self.assertLess(text.index(opened), text.index(closed))
+        # Inside a line: a line that starts with `<!--` is an HTML block, its text unrendered.
+        self.assertNotRegex(text, rf'(^|\n)[ "]*<!-- /?figures:{name} ')
 
   def test_figures_of_a_run(self):
     fig = fake_run(self.create_tempdir().full_path, {0: 0.0, 3: 0.5, 6: 0.75}, 125.4)
     self.assertEqual(fig["accuracy"], {0: 0.0, 3: 0.5, 6: 0.75})
     self.assertEqual(fig["valid_call"], {0: 1.0, 3: 1.0, 6: 1.0})
-    self.assertEqual((fig["step_s"], fig["sample_s"], fig["wall"]), (3.0, 1.0, 125.4))
+    self.assertEqual((fig["step_s"], fig["sample_s"], fig["wall"], fig["load"]),
+                     (3.0, 1.0, 125.4, 1.5))
 
   def test_rewritten_figures_replace_only_the_marked_text(self):
     root = self.create_tempdir().full_path
@@ -68,7 +73,7 @@ class ReadmeFiguresTest(absltest.TestCase):
     with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
       readme = f.read()
     self.assertIn("from 0.25 to 0.50 in 20 steps and 0.88-0.94 from step 60 to 80, in 1:35 on "
-                  "2 CPU cores (2031-01-02)<!-- /figures:demo -->", readme)
+                  "2 CPU cores (load average 1.5), 2031-01-02<!-- /figures:demo -->", readme)
     self.assertIn("| held-out accuracy | 0.250 | 0.500 | 0.875 | 0.938 |\n", readme)
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
       unmarked = lambda text: re.sub(r"<!-- figures:(\w+) -->.*?<!-- /figures:\1 -->", "",
@@ -77,8 +82,8 @@ class ReadmeFiguresTest(absltest.TestCase):
     with open(os.path.join(root, readme_figures.NOTEBOOK), encoding="utf-8") as f:
       cells = json.load(f)["cells"]
     self.assertIn("The whole notebook took <!-- figures:notebook -->1.6 minutes on 2 CPU cores "
-                  "(held-out accuracy 0.250 at step 0, 0.938 at step 80; 2031-01-02)"
-                  "<!-- /figures:notebook -->.\n", cells[0]["source"])
+                  "(load average 1.5), 2031-01-02 (held-out accuracy 0.250 at step 0, 0.938 at "
+                  "step 80)<!-- /figures:notebook -->.\n", cells[0]["source"])
 
   def test_a_missing_marker_is_one_line(self):
     root = self.create_tempdir().full_path
