@@ -153,14 +153,14 @@ def policy_step_memory(config, run: bool) -> dict:
   ran = None
   if run:
     rows = sh.rows_sharding(programs.minibatch_rows, m.mesh, m.rules)
-    zeros = {k: jax.device_put(jnp.zeros(x.shape, x.dtype), rows) for k, x in minibatch.items()}
+    zeros = jax.tree.map(lambda x: jax.device_put(jnp.zeros(x.shape, x.dtype), rows), minibatch)
     t = time.perf_counter()
     jax.block_until_ready(compiled(state, zeros, m.base))
     ran = time.perf_counter() - t
   resident = {k: size for k, (_, size) in aot_step.resident_buffers(config, plan, setup).items()}
   beside = sum(size for k, size in resident.items()
                if k not in ("policy", "optimizer", "value", "base"))  # the update's arguments
-  tokens = minibatch["tokens"].shape[1]
+  tokens = minibatch.tokens.shape[1]
   # Live at the update's peak: its arguments (the donated state, the minibatch), outputs not
   # aliased to an argument, its temporaries, and beside it the frozen reference and the KV
   # buffers the samplers keep between steps.

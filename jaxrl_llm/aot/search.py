@@ -38,8 +38,8 @@ def micro_batches(config, devices) -> list[int]:
   per_shard = sh.rows_sharding(rows, mesh, sh.freeze_rules(config.mesh.rules)).shard_shape(
       (rows,))[0]
   shards = rows // per_shard
-  m = config.train.micro_batch_size
-  sizes = {min(2 * m, rows), m, m // 2, m // 4}
+  micro = config.train.micro_batch_size
+  sizes = {min(2 * micro, rows), micro, micro // 2, micro // 4}
   return sorted((s for s in sizes if s >= shards and rows % s == 0 and s % shards == 0),
                 reverse=True)
 

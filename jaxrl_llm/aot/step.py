@@ -138,8 +138,8 @@ def _one_group(config, plan: Plan, cfg, where: str) -> rollouts.Rollout:
   zeros = lambda *shape, dtype=np.int32: np.zeros(shape, dtype)
   ones = lambda *shape: np.ones(shape, np.int32)
   routing = None
-  if (cfg.is_moe and plan.completions == "sample" and not multi
-      and _settings(config, cfg).resolved_engine(where) == "static"):  # the static engine records an MoE policy's experts
+  if (cfg.is_moe and plan.completions == "sample" and not multi  # the static engine
+      and _settings(config, cfg).resolved_engine(where) == "static"):  # records the experts
     routing = zeros(G, S0 + N, cfg.num_moe_layers, cfg.num_experts_per_tok)
   hint = S0 + config.algo.distill.max_hint_len
   echo = multi and any(float(v) for v in config.algo.echo.values())
@@ -157,7 +157,7 @@ def _one_group(config, plan: Plan, cfg, where: str) -> rollouts.Rollout:
           turn_rewards=zeros(G, N, dtype=np.float32)) if multi else None)
 
 
-def raw_batch(config, plan: Plan, setup: Setup) -> dict:
+def raw_batch(config, plan: Plan, setup: Setup) -> rollouts.TrainBatch:
   """The rollout's training rows as `prepare` receives them (`prepare.batch_arrays`, every
   process's rows), as shapes sharded over the trainer's batch axes."""
   m, G = setup.models, config.sampling.num_samples
@@ -166,8 +166,8 @@ def raw_batch(config, plan: Plan, setup: Setup) -> dict:
   arrays = prepare.batch_arrays(group, G, plan.algo.overlong.mask_truncated)
   B = config.train.prompts_per_step * G
   rows = sh.rows_sharding(B, m.mesh, m.rules)
-  return {k: jax.ShapeDtypeStruct((B,) + x.shape[1:], x.dtype, sharding=rows)
-          for k, x in arrays.items()}
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct((B,) + x.shape[1:], x.dtype,
+                                                     sharding=rows), arrays)
 
 
 def _prepare_arguments(config, plan: Plan, setup: Setup) -> tuple:
@@ -179,17 +179,18 @@ def _prepare_arguments(config, plan: Plan, setup: Setup) -> tuple:
           value, m.teacher, layout.baselines)
 
 
-def prepared_batch(config, plan: Plan, setup: Setup) -> dict:
+def prepared_batch(config, plan: Plan, setup: Setup) -> rollouts.TrainBatch:
   """The training batch `prepare` returns, as shapes."""
   return jax.eval_shape(setup.programs.prepare, *_prepare_arguments(config, plan, setup))[0]
 
 
-def minibatch(config, plan: Plan, setup: Setup) -> dict:
+def minibatch(config, plan: Plan, setup: Setup) -> rollouts.TrainBatch:
   """One update's minibatch, as shapes sharded over the trainer's batch axes."""
   m, rows = setup.models, setup.programs.minibatch_rows
   where = sh.rows_sharding(rows, m.mesh, m.rules)
-  return {k: jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype, sharding=where)
-          for k, x in prepared_batch(config, plan, setup).items()}
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype,
+                                                     sharding=where),
+                      prepared_batch(config, plan, setup))
 
 
 def _step_flops(config, plan: Plan, setup: Setup) -> dict[str, float]:

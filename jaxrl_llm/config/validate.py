@@ -141,10 +141,7 @@ def _check_sampling(s) -> None:
   if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets):
     _fail("sampling.prompt_buckets", buckets, "a tuple of positive lengths")
   try:  # the settings check their own values (also for `sampling.generate`'s callers)
-    sampling.SamplingSettings(s.num_samples, s.max_new_tokens, s.temperature, s.top_k, s.top_p,
-                              layer_loop=s.layer_loop, weight_layout=s.weight_layout,
-                              engine=s.engine, slots=s.slots, page_size=s.page_size,
-                              adapters=s.adapters)
+    sampling.settings.from_config(s, eos_ids=(), pad_id=0)
   except ValueError as e:
     raise ConfigError(f"config.sampling.{e}") from e
 
@@ -244,13 +241,6 @@ def _policy_model_type(m) -> str | None:
   return model_load.read_config(m.path).get("model_type") if m.path else m.arch.model_type
 
 
-def lora_targets(lora) -> tuple[str, ...]:
-  """`config.lora.targets` as projection names ('all': every one)."""
-  if lora.targets.strip() == "all":
-    return model_config.LORA_TARGETS
-  return tuple(t.strip() for t in lora.targets.split(",") if t.strip())
-
-
 def _check_lora(config) -> None:
   lora = config.lora
   if lora.rank < 0 or lora.rank != int(lora.rank):
@@ -260,7 +250,7 @@ def _check_lora(config) -> None:
       _fail("lora.base_quant", lora.base_quant, "'none' without adapters (an int8 base "
             "cannot be trained; set config.lora.rank > 0)")
     return
-  targets = lora_targets(lora)
+  targets = model_config.lora_targets(lora.targets)
   bad = [t for t in targets if t not in model_config.LORA_TARGETS]
   if bad or not targets:
     _fail("lora.targets", lora.targets, f"'all' or comma-separated names from "
@@ -309,7 +299,7 @@ def _check_routing_replay(config, devices) -> None:
     _fail("algo.routing_replay", "rollout", f"'off': the policy (model_type={model_type!r}) is "
           f"not a mixture of experts (one of {list(model_config.MOE_MODEL_TYPES)})")
   s = config.sampling
-  engine = sampling.SamplingSettings(s.num_samples, s.max_new_tokens, engine=s.engine)
+  engine = sampling.settings.from_config(s, eos_ids=(), pad_id=0)
   where = platform.of() if devices is None else platform.device_platform(devices[0])
   if engine.resolved_engine(where) != "static":
     _fail("algo.routing_replay", "rollout", "'off', or config.sampling.engine='static' (the "

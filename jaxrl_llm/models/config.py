@@ -30,6 +30,14 @@ MOE_IMPLS = ("auto", "ragged", "blocked", "gmm")
 # The projections a LoRA adapter can sit on (`lora`): attention's fused q/k/v and its
 # output, the MLP's fused gate/up and its down projection.
 LORA_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def lora_targets(spec: str) -> tuple[str, ...]:
+  """`config.lora.targets` ('all', or comma-separated names from LORA_TARGETS) as the
+  projection names that carry adapters; unknown names are kept for the caller to refuse."""
+  if spec.strip() == "all":
+    return LORA_TARGETS
+  return tuple(t.strip() for t in spec.split(",") if t.strip())
 # How the frozen weights of the layers' projections are stored (`quant`): as they are, or
 # int8 with one float scale per output channel (QLoRA's frozen base).
 BASE_QUANTS = ("none", "int8")

@@ -19,32 +19,48 @@ from jaxrl_llm import data, distributed, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.rewards import RewardSet, Rewards
 from jaxrl_llm.config import sources as sources_lib
+from jaxrl_llm.config import reward_checks
+from jaxrl_llm.config.sources import Source
 from jaxrl_llm.training import rollouts
 from jaxrl_llm.training.rollouts import episodes
 from jaxrl_llm.training import setup as setup_lib
 
 
 class Evaluator:
-  """Greedy completions of the whole eval split; reward means under `eval/`."""
+  """Greedy completions of one source's whole eval split; reward means under `eval/`
+  (`eval/NAME/` for source NAME of a mixed run).
 
-  def __init__(self, config, tokenizer, policy_config, source=None):
-    """`source`: one of a mixed run's sources (`config.sources`), else `config.data`'s."""
-    self.config, self.tokenizer = config, tokenizer
-    data_cfg = config.data if source is None else sources_lib.data_config(config, source)
-    self.dataset = data.load_dataset(data_cfg, "eval", task_options=data_cfg.task_options)
-    self.reward_set = RewardSet.from_config(config.rewards if source is None else source.rewards)
-    self.prefix = "" if source is None else f"{source.name}/"
-    self.dataset_key = (data_cfg.source, data_cfg.task_options.to_dict(),
-                        tuple((config.rewards if source is None else source.rewards).to_dict()
-                              .items()))
+  Args:
+    source: the source (`config.sources`' resolved: its reward functions, environment).
+    dataset: its eval split.
+    settings: the greedy sampler's settings (one temperature-0 sample per prompt).
+    prompt_format: how prompts are tokenised.
+    tokenizer: the policy's tokenizer.
+    batch_size: prompts per sampling call (the run's `prompts_per_step`).
+  """
+
+  def __init__(self, source: Source, dataset, settings: sampling.SamplingSettings,
+               prompt_format: data.PromptFormat, tokenizer, batch_size: int):
+    self.dataset, self.format, self.tokenizer = dataset, prompt_format, tokenizer
+    self.batch_size = batch_size
+    self.reward_set = RewardSet.from_config(source.rewards, reward_checks.rewards_field(source))
+    self.prefix = f"{source.name}/" if source.name else ""
+    self.dataset_key = (source.data, source.task_options,
+                        tuple(source.rewards.to_dict().items()))
+    self.sampler = sampling.Sampler(settings, prompt_format.buckets)
+    self.player = (episodes.EpisodePlayer(source, tokenizer, settings)
+                   if source.multi_turn else None)
+
+  @classmethod
+  def for_source(cls, config, tokenizer, policy_config, source: Source) -> "Evaluator":
+    """The evaluator of a run's `source` (`sources.run_sources`), built from `config`."""
     settings = sampling.settings.from_config(config.sampling,
                                              sampling.eos_ids(tokenizer, policy_config),
                                              sampling.pad_id(tokenizer), greedy=True)
-    self.format = data.PromptFormat.from_config(config)
-    self.sampler = sampling.Sampler(settings, config.sampling.prompt_buckets)
-    resolved = source or sources_lib.run_sources(config)[0]
-    self.player = (episodes.EpisodePlayer(resolved, tokenizer, settings)
-                   if resolved.multi_turn else None)
+    data_cfg = sources_lib.data_config(config, source)
+    dataset = data.load_dataset(data_cfg, "eval", task_options=data_cfg.task_options)
+    return cls(source, dataset, settings, data.PromptFormat.from_config(config), tokenizer,
+               config.train.prompts_per_step)
 
   def complete(self, policy, batch: data.RecordBatch):
     """Greedy completions of `batch`'s prompts (texts; an episode's last model turn) and
@@ -65,7 +81,7 @@ class Evaluator:
   def __call__(self, policy) -> dict[str, float]:
     values: dict[str, list] = {}
     valid: list[np.ndarray] = []
-    for batch in data.sequential_batches(self.dataset, self.config.train.prompts_per_step,
+    for batch in data.sequential_batches(self.dataset, self.batch_size,
                                          process_index=jax.process_index(),
                                          process_count=jax.process_count()):
       _, scored = self.complete(policy, batch)
@@ -104,9 +120,8 @@ class Evaluators:
   first's."""
 
   def __init__(self, config, tokenizer, policy_config):
-    self.parts = ([Evaluator(config, tokenizer, policy_config)] if not len(config.sources) else
-                  [Evaluator(config, tokenizer, policy_config, s)
-                   for s in sources_lib.run_sources(config)])
+    self.parts = [Evaluator.for_source(config, tokenizer, policy_config, s)
+                  for s in sources_lib.run_sources(config)]
 
   def __call__(self, policy) -> dict[str, float]:
     metrics, done = {}, {}
@@ -149,18 +164,17 @@ def greedy_samples(config, count: int, model_path: str = "", source: str = "") -
   config_lib.validate(config)
   mesh, rules = sh.split_meshes(config.mesh)[0], sh.freeze_rules(config.mesh.rules)
   tokenizer, policy = setup_lib.load_tokenizer_and_policy(config, mesh, rules)
-  chosen = None
-  if len(config.sources):
-    names = [s.name for s in sources_lib.run_sources(config)]
-    if source and source not in names:
-      raise ValueError(f"source={source!r}: expected one of config.sources {names}")
-    chosen = sources_lib.run_sources(config)[names.index(source) if source else 0]
-  evaluator = Evaluator(config, tokenizer, policy.config, chosen)
+  run_sources = sources_lib.run_sources(config)
+  names = [s.name for s in run_sources]
+  if len(config.sources) and source and source not in names:
+    raise ValueError(f"source={source!r}: expected one of config.sources {names}")
+  chosen = run_sources[names.index(source) if source and len(config.sources) else 0]
+  evaluator = Evaluator.for_source(config, tokenizer, policy.config, chosen)
   if not 0 < count <= len(evaluator.dataset):
     raise ValueError(f"count={count}: expected 1 to {len(evaluator.dataset)}, the size of the "
-                     "eval split of " + (f"config.data.source={config.data.source!r}"
-                                         if chosen is None else
-                                         f"config.sources.{chosen.name}.data={chosen.data!r}"))
+                     "eval split of " + (f"config.sources.{chosen.name}.data={chosen.data!r}"
+                                         if chosen.name else
+                                         f"config.data.source={config.data.source!r}"))
   batch = next(data.sequential_batches(evaluator.dataset, count, process_index=jax.process_index(),
                                        process_count=jax.process_count()))
   completions, scored = evaluator.complete(policy, batch)

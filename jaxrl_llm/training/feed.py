@@ -49,12 +49,12 @@ class Feed:
     settings = sampling.settings.from_config(
         config.sampling, sampling.eos_ids(tokenizer, setup.models.policy.config),
         sampling.pad_id(tokenizer))
-    self.source = rollouts.for_plan(plan, settings, data.PromptFormat.from_config(config),
+    self.rollouts = rollouts.for_plan(plan, settings, data.PromptFormat.from_config(config),
                                     tokenizer, training_batches(config, plan, start))
     self.pipeline = None
     if plan.max_async_level > 0:
       self.pipeline = async_rollouts.RolloutPipeline(
-          self.source, setup.models.sampler_copy, setup.models.on_sampler,
+          self.rollouts, setup.models.sampler_copy, setup.models.on_sampler,
           start=start.step,
           steps=config.train.steps, max_async_level=plan.max_async_level,
           step_key=self.step_key)
@@ -79,12 +79,12 @@ class Feed:
     With a pipeline the reward ran in its thread: the wait is all this step spent."""
     t0 = time.perf_counter()
     if self.pipeline is None:
-      pending = self.source.start(self.models.sampling_policy(params), self.step_key(step))
-      rollout = self.source.finish(pending)
+      pending = self.rollouts.start(self.models.sampling_policy(params), self.step_key(step))
+      rollout = self.rollouts.finish(pending)
     else:
       rollout = self.pipeline.get(step)
       self.staleness.append(step - rollout.policy_version)
-    rollout.metrics.update(self.source.summarize(rollout))
+    rollout.metrics.update(self.rollouts.summarize(rollout))
     t_reward = rollout.metrics.pop("reward_time_s", 0.0)
     t_sample = time.perf_counter() - t0 - (t_reward if self.pipeline is None else 0.0)
     return rollout, t_sample, t_reward
@@ -102,4 +102,4 @@ class Feed:
   def close(self) -> None:
     if self.pipeline is not None:
       self.pipeline.close()
-    self.source.close()
+    self.rollouts.close()

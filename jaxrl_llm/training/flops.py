@@ -144,11 +144,11 @@ def throughput(model_config, plan, rollout, arrays, times: dict[str, float], sam
   lengths = float(distributed.concat(rollout.lengths).sum())
   work = step_flops(
       model_config, plan.algo, prompts=prompts, samples=samples,
-      prompt_len=arrays["tokens"].shape[1] - new_tokens, new_tokens=new_tokens,
+      prompt_len=arrays.tokens.shape[1] - new_tokens, new_tokens=new_tokens,
       generated=lengths if sampled else None, reference=plan.reference, value=plan.value_model,
       recompute_old_logp=plan.old_logp == "recompute", teacher_config=teacher_config,
-      hinted_len=arrays["hint_tokens"].shape[1] if "hint_tokens" in arrays else 0)
-  train_tokens = float(distributed.sum_int(int(arrays["loss_mask"].sum())))
+      hinted_len=0 if arrays.hint_tokens is None else arrays.hint_tokens.shape[1])
+  train_tokens = float(distributed.sum_int(int(arrays.loss_mask.sum())))
   t_update = max(times["update"], 1e-9)
   return dict(step_time_s=times["step"], sample_time_s=times["sample"],
               logprob_time_s=times["logprob"], update_time_s=times["update"],

@@ -178,10 +178,10 @@ def _record_config(config, workdir: str, print_config: bool) -> None:
 def _announce(writer, plan, mesh, peak_flops_per_device: float, start: int,
               workdir: str) -> float:
   """Prints the plan, the MFU peak and where the run starts; returns the mesh's peak FLOP/s."""
-  peak, source = flops.peak_flops_per_device(mesh.devices.flatten().tolist(),
+  peak, origin = flops.peak_flops_per_device(mesh.devices.flatten().tolist(),
                                              peak_flops_per_device)
   writer.print(plan.describe())
-  writer.print(f"mfu: model FLOPs against {peak / 1e12:.3g} TFLOP/s per device ({source})")
+  writer.print(f"mfu: model FLOPs against {peak / 1e12:.3g} TFLOP/s per device ({origin})")
   if start:
     writer.print(f"resuming from the checkpoint of step {start} in {workdir}")
   return peak * mesh.size

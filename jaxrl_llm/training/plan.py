@@ -103,9 +103,9 @@ def resolve_old_logp(config) -> str:
   the ratio then centres on the (up to k updates older) behaviour policy; set
   'recompute' to centre it on the current one.
   """
-  source = config.algo.old_logp
-  if source != "auto":
-    return source
+  chosen = config.algo.old_logp
+  if chosen != "auto":
+    return chosen
   low_precision = config.model.dtype != "float32"
   masked = config.algo.behaviour_mask.level != "off"
   return ("recompute" if (low_precision or masked) and config.algo.loss.ratio != "none"
@@ -115,7 +115,7 @@ def resolve_old_logp(config) -> str:
 def make_plan(config) -> Plan:
   """The plan of a (validated) config."""
   algo = config.algo
-  source = resolve_old_logp(config)
+  resolved = resolve_old_logp(config)
   sources = sources_lib.run_sources(config)
   stateful = any(not s.algo.advantage.fn
                  and s.algo.advantage.estimator in objectives.STATEFUL_ESTIMATORS for s in sources)
@@ -123,9 +123,9 @@ def make_plan(config) -> Plan:
   # Without sampled log-probs (SFT) only an importance ratio, the KL-in-reward term or an
   # explicit 'recompute' read old log-probs; otherwise the update's own (stop-gradient)
   # equal what a recomputation gives and save a forward pass per step.
-  needed = (algo.loss.ratio != "none" or source == "recompute"
+  needed = (algo.loss.ratio != "none" or resolved == "recompute"
             or (algo.kl.coef > 0 and algo.kl.placement == "reward"))
-  old_logp = source if sampled else ("recompute" if needed else "own")
+  old_logp = resolved if sampled else ("recompute" if needed else "own")
   return Plan(
       algo=algo.copy_and_resolve_references(),
       reference=algo.kl.coef > 0 and algo.kl.placement != "none",

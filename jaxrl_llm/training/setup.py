@@ -10,31 +10,32 @@ import jax
 
 from jaxrl_llm import data, models
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.config.validate import lora_targets
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.models import load, lora
-from jaxrl_llm.models.config import MOE_MODEL_TYPES, ModelConfig, from_hf_dict
+from jaxrl_llm.models.config import MOE_MODEL_TYPES, ModelConfig, from_hf_dict, lora_targets
 from jaxrl_llm.training import programs as programs_lib
 from jaxrl_llm.training import state as state_lib
 from jaxrl_llm.training.plan import Plan
 
 
-def model_config(m, path: str | None = None) -> ModelConfig:
-  """The policy's architecture from `config.model` (`m`): its `path`'s config.json, or `arch`.
+def model_config(model_cfg, path: str | None = None) -> ModelConfig:
+  """The policy's architecture from `config.model` (`model_cfg`): its `path`'s config.json,
+  or `arch`.
 
   `path`: another checkpoint's architecture (the teacher's) with the policy's numerics.
   """
-  path = m.path if path is None else path
+  path = model_cfg.path if path is None else path
   if path:
-    cfg = from_hf_dict(load.read_config(path), dtype=m.dtype, param_dtype=m.param_dtype,
-                       remat=m.remat, attention=m.attention)
+    cfg = from_hf_dict(load.read_config(path), dtype=model_cfg.dtype,
+                       param_dtype=model_cfg.param_dtype, remat=model_cfg.remat,
+                       attention=model_cfg.attention)
   else:
-    cfg = _arch_config(m)
+    cfg = _arch_config(model_cfg)
   if not cfg.is_moe:
     return cfg
-  aux = m.router_aux_loss_coef
+  aux = model_cfg.router_aux_loss_coef
   return cfg.replace(router_aux_loss_coef=cfg.router_aux_loss_coef if aux < 0 else aux,
-                     router_z_loss_coef=m.router_z_loss_coef, moe_impl=m.moe_impl)
+                     router_z_loss_coef=model_cfg.router_z_loss_coef, moe_impl=model_cfg.moe_impl)
 
 
 def policy_config(config) -> ModelConfig:
@@ -43,7 +44,7 @@ def policy_config(config) -> ModelConfig:
   if l.rank == 0:
     return cfg
   return cfg.replace(lora_rank=int(l.rank), lora_alpha=float(l.alpha),
-                     lora_targets=lora_targets(l), lora_dropout=float(l.dropout),
+                     lora_targets=lora_targets(l.targets), lora_dropout=float(l.dropout),
                      base_quant=l.base_quant)
 
 
@@ -59,9 +60,9 @@ def _with_adapters(config, policy: models.Model) -> models.Model:
                           cfg.lora_dropout)
 
 
-def _arch_config(m) -> ModelConfig:
+def _arch_config(model_cfg) -> ModelConfig:
   """The built-in architecture `config.model.arch` with the numerics of `config.model`."""
-  a = m.arch
+  a = model_cfg.arch
   moe = {} if a.model_type not in MOE_MODEL_TYPES else dict(
       num_experts=a.num_experts, num_experts_per_tok=a.num_experts_per_tok,
       moe_intermediate_size=a.moe_intermediate_size, norm_topk_prob=a.norm_topk_prob)
@@ -71,25 +72,27 @@ def _arch_config(m) -> ModelConfig:
       num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, rope_theta=a.rope_theta,
       rms_norm_eps=a.rms_norm_eps, tie_word_embeddings=a.tie_word_embeddings,
       max_position_embeddings=a.max_position_embeddings, qkv_bias=a.model_type == "qwen2",
-      qk_norm=a.model_type in ("qwen3", "qwen3_moe"), dtype=m.dtype, param_dtype=m.param_dtype,
-      remat=m.remat, attention=m.attention, eos_token_id=char_tokenizer.EOS_ID,
-      pad_token_id=char_tokenizer.PAD_ID, bos_token_id=char_tokenizer.BOS_ID, **moe)
+      qk_norm=a.model_type in ("qwen3", "qwen3_moe"), dtype=model_cfg.dtype,
+      param_dtype=model_cfg.param_dtype, remat=model_cfg.remat, attention=model_cfg.attention,
+      eos_token_id=char_tokenizer.EOS_ID, pad_token_id=char_tokenizer.PAD_ID,
+      bos_token_id=char_tokenizer.BOS_ID, **moe)
 
 
 def load_tokenizer_and_policy(config, mesh, rules):
   """The policy (HF directory, or the in-config architecture) and its tokenizer."""
-  m = config.model
-  cfg = model_config(m)
-  if m.path:
-    policy = models.place(models.Model(load.load_params(m.path, cfg), cfg), mesh, rules)
+  model_cfg = config.model
+  cfg = model_config(model_cfg)
+  if model_cfg.path:
+    policy = models.place(models.Model(load.load_params(model_cfg.path, cfg), cfg), mesh, rules)
   else:
     policy = models.init(cfg, jax.random.PRNGKey(config.seed), mesh=mesh, rules=rules)
-  tokenizer = data.run_tokenizer(m)
+  tokenizer = data.run_tokenizer(model_cfg)
   if len(tokenizer) > policy.config.vocab_size:
-    source = (f"config.model.tokenizer_path={m.tokenizer_path or m.path!r}" if m.path or
-              m.tokenizer_path else "the built-in character tokenizer")
-    size = "config.json's vocab_size" if m.path else "config.model.arch.vocab_size"
-    raise ValueError(f"{source} has {len(tokenizer)} tokens but the model's vocab_size ({size}) "
+    given = model_cfg.tokenizer_path or model_cfg.path
+    named = (f"config.model.tokenizer_path={given!r}" if given
+             else "the built-in character tokenizer")
+    size = "config.json's vocab_size" if model_cfg.path else "config.model.arch.vocab_size"
+    raise ValueError(f"{named} has {len(tokenizer)} tokens but the model's vocab_size ({size}) "
                      f"is {policy.config.vocab_size}: expected a tokenizer of at most "
                      f"{policy.config.vocab_size} tokens; the tokenizer does not fit the model")
   return tokenizer, policy

@@ -1,20 +1,10 @@
 """Pure update steps: state in, state out; one function serves every algorithm.
 
-A training batch is a dict of arrays, B rows (prompt-major, G rows per prompt):
-  tokens [B, S0 + N], attention_mask [B, S0 + N]: prompt (left-padded) + completion;
-  loss_mask [B, N]: completion tokens that carry loss;
-  old_logp [B, N] (absent: the step's own log-probs, stop-gradient), advantages [B, N]
-  (or [B]); ref_logp [B, N] when the KL is in the loss; teacher_logp [B, N] with a
-  distillation term; pg_weight [B] and distill_weight [B] in a mixed run (each row's
-  source's coefficients, `jaxrl_llm.config.sources`); echo_weights [B, N] with echo (the
-  environment's tokens of a multi-turn episode, `objectives.echo`);
-  old_values [B, N], returns [B, N] for the value step (value_mask [B, N] in a mixed run:
-  the tokens of its gae sources' rows); routing [B, S0 + N, MoE layers, k] int32 when an
-  MoE policy's sampler recorded its experts (-1 where it did not): replayed with
-  `config.algo.routing_replay = 'rollout'`, and compared with the update's own choice
-  (`moe/routing_mismatch`) either way.
-Which keys exist is decided by `config.algo`, once, in the loop; the steps never look
-at an algorithm's name.
+The batch is a `rollouts.TrainBatch` (its fields are documented there): B rows,
+prompt-major, with the arrays `prepare` computed (advantages, old log-probs, and per the
+plan the reference's and teacher's log-probs, a mixed run's per-row weights, the value
+targets). Which fields are set is decided by `config.algo`, once, in the plan; the steps
+never look at an algorithm's name.
 
 Micro-batches: a minibatch of B rows runs as M pieces of B / M rows (a `lax.scan`),
 gradients summed. The loss normalisers come from the WHOLE minibatch
@@ -37,25 +27,26 @@ import optax
 
 from jaxrl_llm import models, objectives
 from jaxrl_llm.models import lora, moe
+from jaxrl_llm.training.rollouts.train_batch import TrainBatch
 from jaxrl_llm.training.state import TrainState
 
 
 def completion_split(batch) -> tuple[int, int]:
   """(S0, N): prompt and completion lengths of a batch."""
-  N = batch["loss_mask"].shape[1]
-  return batch["tokens"].shape[1] - N, N
+  N = batch.loss_mask.shape[1]
+  return batch.tokens.shape[1] - N, N
 
 
 def _completion_hidden(model: models.Model, batch, replay: bool = False, dropout_rng=None):
   """Final hidden states at the positions that predict each completion token: [B, N, D],
   and an MoE model's routing (`transformer.routing_summary`; None for a dense one).
-  `replay`: route as `batch['routing']` recorded (routing replay). `dropout_rng`: the key
+  `replay`: route as `batch.routing` recorded (routing replay). `dropout_rng`: the key
   of the LoRA adapters' dropout (None: none)."""
   S0, _ = completion_split(batch)
-  mask = batch["attention_mask"]
+  mask = batch.attention_mask
   hidden_BLD, _, routing = models.forward(
-      model, batch["tokens"], models.positions_from_mask(mask), mask, return_hidden=True,
-      routing_BTLk=batch["routing"] if replay else None, with_router=True,
+      model, batch.tokens, models.positions_from_mask(mask), mask, return_hidden=True,
+      routing_BTLk=batch.routing if replay else None, with_router=True,
       dropout_rng=dropout_rng)
   return hidden_BLD[:, S0 - 1:-1], routing
 
@@ -68,13 +59,13 @@ def completion_logp(model: models.Model, batch, *, temperature: float, chunk_siz
   The same quantity the sampler reports as behaviour log-prob (before top-k/top-p), in
   chunks over the sequence so [B, N, V] float32 logits never exist whole. The entropy is
   differentiated only with `entropy_grad` (an entropy bonus); otherwise it is a metric.
-  An MoE model: `replay` routes as `batch['routing']` recorded; `with_router` also returns
+  An MoE model: `replay` routes as `batch.routing` recorded; `with_router` also returns
   the routing (third). `dropout_rng`: the LoRA adapters' dropout key (None: no dropout).
   """
   S0, _ = completion_split(batch)
   hidden_BND, routing = _completion_hidden(model, batch, replay, dropout_rng)
   logp, entropy = objectives.chunked_token_logp_and_entropy(
-      hidden_BND, batch["tokens"][:, S0:], functools.partial(models.unembed, model),
+      hidden_BND, batch.tokens[:, S0:], functools.partial(models.unembed, model),
       chunk_size=chunk_size, temperature=temperature, entropy_grad=entropy_grad)
   return (logp, entropy, routing) if with_router else (logp, entropy)
 
@@ -101,12 +92,12 @@ def router_terms(cfg: models.ModelConfig, routing, batch, num_micro: int, tokens
   loss = (cfg.router_aux_loss_coef * aux + cfg.router_z_loss_coef * z) / num_micro
   metrics = {"moe/aux_loss": aux / num_micro, "moe/z_loss": z / num_micro,
              "moe/expert_load_max": moe.expert_load_max(routing)}
-  if "routing" in batch:
+  if batch.routing is not None:
     S0, _ = completion_split(batch)
     used = jnp.sort(routing["experts"][:, S0 - 1:-1], axis=-1)
-    recorded = jnp.sort(batch["routing"][:, S0 - 1:-1], axis=-1)
+    recorded = jnp.sort(batch.routing[:, S0 - 1:-1], axis=-1)
     differ_BNL = jnp.any(used != recorded, axis=-1).astype(jnp.float32)
-    w_BN = batch["loss_mask"].astype(jnp.float32)
+    w_BN = batch.loss_mask.astype(jnp.float32)
     metrics["moe/routing_mismatch"] = (jnp.einsum("BNL,BN->", differ_BNL, w_BN)
                                        / (jnp.maximum(tokens, 1.0) * differ_BNL.shape[-1]))
   return loss, metrics
@@ -179,8 +170,13 @@ def accumulate(loss_fn: Callable, params, batch, num_micro: int):
 
 
 # --- the steps ---------------------------------------------------------------------------------
-ROW_WEIGHTS = ("pg", "distill")
-DROPOUT_SALT = 0x10A4  # folded into the run's key for the LoRA adapters' dropout  # a mixed run's per-row coefficients: batch keys NAME_weight
+DROPOUT_SALT = 0x10A4  # folded into the run's key for the LoRA adapters' dropout
+
+
+def _row_weights(rows: TrainBatch) -> dict:
+  """A mixed run's per-row coefficients of the loss's terms ({} in a one-source run)."""
+  weights = {"pg": rows.pg_weight, "distill": rows.distill_weight}
+  return {k: v for k, v in weights.items() if v is not None}
 
 
 def policy_step(state: TrainState, batch, base=None, *, model_static: models.Model, algo,
@@ -189,7 +185,7 @@ def policy_step(state: TrainState, batch, base=None, *, model_static: models.Mod
 
   Args:
     state: the train state (donated by the caller's jit).
-    batch: the minibatch dict (see the module docstring).
+    batch: the minibatch (`rollouts.TrainBatch`, as `prepare` filled it).
     base: with LoRA, the frozen base parameters (`lora.split`; the state trains the
       adapters and no gradient reaches these); None otherwise.
     model_static: a `Model` whose config/mesh/rules describe the policy (params ignored).
@@ -201,13 +197,13 @@ def policy_step(state: TrainState, batch, base=None, *, model_static: models.Mod
   Returns:
     (new state, metrics: scalars).
   """
-  row_weights = lambda rows: {k: rows[f"{k}_weight"] for k in ROW_WEIGHTS if f"{k}_weight" in rows}
-  counts = objectives.loss_counts(batch["loss_mask"], row_weights(batch))
-  echo_count = objectives.echo_count(batch["echo_weights"]) if "echo_weights" in batch else None
+  counts = objectives.loss_counts(batch.loss_mask, _row_weights(batch))
+  echo_count = (None if batch.echo_weights is None
+                else objectives.echo_count(batch.echo_weights))
 
   is_moe = model_static.config.is_moe
   replay = replays_routing(model_static.config, algo)
-  tokens = objectives.batch_counts(batch["loss_mask"])["tokens"]
+  tokens = objectives.batch_counts(batch.loss_mask)["tokens"]
   dropout_rng = None  # LoRA dropout: one key per step (and update: the minibatch's rows differ)
   if model_static.config.lora_dropout > 0:
     dropout_rng = jax.random.fold_in(jax.random.fold_in(state.rng, DROPOUT_SALT), state.step)
@@ -218,13 +214,14 @@ def policy_step(state: TrainState, batch, base=None, *, model_static: models.Mod
         model, piece, temperature=temperature, chunk_size=chunk_size,
         entropy_grad=algo.loss.entropy_coef != 0, replay=replay, with_router=True,
         dropout_rng=dropout_rng)
-    old_logp = piece.get("old_logp", jax.lax.stop_gradient(logp))  # absent: see prepare.prepare_batch
+    old_logp = (jax.lax.stop_gradient(logp) if piece.old_logp is None  # prepare.prepare_batch
+                else piece.old_logp)
     loss, metrics = objectives.policy_loss(
-        logp, old_logp, piece["advantages"], piece["loss_mask"], algo,
-        ref_logp=piece.get("ref_logp"), entropy=entropy, teacher_logp=piece.get("teacher_logp"),
-        row_weights=row_weights(piece), counts=counts)
+        logp, old_logp, piece.advantages, piece.loss_mask, algo, ref_logp=piece.ref_logp,
+        entropy=entropy, teacher_logp=piece.teacher_logp, row_weights=_row_weights(piece),
+        counts=counts)
     if echo_count is not None:  # L = Σ ℓ_rl / N_rl + Σ ℓ_echo / N_echo
-      echo, echo_metrics = objectives.echo_loss(logp, piece["echo_weights"], echo_count)
+      echo, echo_metrics = objectives.echo_loss(logp, piece.echo_weights, echo_count)
       loss, metrics = loss + echo, dict(metrics, **echo_metrics)
     if is_moe:
       router_loss, router_metrics = router_terms(model.config, routing, piece, num_micro,
@@ -243,13 +240,13 @@ def value_step(state: TrainState, batch, *, model_static: models.Model, algo, op
                num_micro: int):
   """One optimizer update of the critic on one minibatch (PPO's value loss, times coef), on
   the tokens of `value_mask` (a mixed run: its gae sources' rows), else of `loss_mask`."""
-  mask_key = "value_mask" if "value_mask" in batch else "loss_mask"
-  counts = objectives.batch_counts(batch[mask_key])
+  value_mask = lambda rows: rows.loss_mask if rows.value_mask is None else rows.value_mask
+  counts = objectives.batch_counts(value_mask(batch))
 
   def loss_fn(params, piece):
     values = completion_values(model_static.replace(params=params), piece)
-    loss, metrics = objectives.value_loss(values, piece["old_values"], piece["returns"],
-                                          piece[mask_key], algo, counts=counts)
+    loss, metrics = objectives.value_loss(values, piece.old_values, piece.returns,
+                                          value_mask(piece), algo, counts=counts)
     return algo.value.coef * loss, dict(metrics, value_loss=loss)
 
   loss, metrics, grads = accumulate(loss_fn, state.value_params, batch, num_micro)

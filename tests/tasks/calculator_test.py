@@ -11,7 +11,7 @@ from jaxrl_llm import config as config_lib
 from jaxrl_llm.envs import calculator as calculator_env
 from jaxrl_llm.rewards import calculator as calculator_rewards
 from jaxrl_llm.tasks import calculator
-from jaxrl_llm.training import episodes
+from jaxrl_llm.training.rollouts import episodes, multi_turn
 
 TEACHER = dict(teacher_skip_tool=0.15, teacher_wrong_name=0.6)
 
@@ -71,7 +71,7 @@ class CalculatorTaskTest(absltest.TestCase):
     renderer = envs.renderer_for(tokenizer, env)
     record = tasks.demonstrations("calculator", "train", teacher_skip_tool=0.0,
                                   teacher_wrong_name=1.0)[0]
-    ep = episodes.demonstrated_episode(env, renderer, record, record["completion"], "test")
+    ep = multi_turn.demonstrated_episode(env, renderer, record, record["completion"], "test")
     conversation = env.reset(record) + record["completion"]
     whole = renderer.render(conversation, add_generation_prompt=False)
     self.assertEqual(ep.tokens, renderer.encode(whole)[:len(ep.tokens)])
@@ -82,9 +82,9 @@ class CalculatorTaskTest(absltest.TestCase):
                                                 record["completion"] if m["role"] == "assistant"))
     self.assertIn("error: unknown tool 'calculator'", text("tool"))
     arrays = episodes.episode_arrays([ep], 1, 192, (40,), 0, {})
-    self.assertEqual(int(arrays["mask"].sum()), ep.loss_mask().count(1))
-    self.assertEqual(int(arrays["attention"].sum()), len(ep.tokens) - ep.parts[0][2])
-    np.testing.assert_array_equal(arrays["prompt_tokens"][0, -ep.parts[0][2]:],
+    self.assertEqual(int(arrays.mask.sum()), ep.loss_mask().count(1))
+    self.assertEqual(int(arrays.attention.sum()), len(ep.tokens) - ep.parts[0][2])
+    np.testing.assert_array_equal(arrays.prompt_tokens[0, -ep.parts[0][2]:],
                                   ep.tokens[:ep.parts[0][2]])
 
 

@@ -80,9 +80,9 @@ class EpisodeRolloutsTest(absltest.TestCase):
     logp, _ = steps.completion_logp(model, arrays, temperature=cfg.sampling.temperature,
                                     chunk_size=cfg.train.logprob_chunk_size)
     logp = np.asarray(logp)
-    mask = arrays["loss_mask"] > 0
-    np.testing.assert_allclose(logp[mask], arrays["sampler_logp"][mask], atol=1e-5)
-    self.assertTrue(np.all(arrays["sampler_logp"][~mask] == 0))
+    mask = arrays.loss_mask > 0
+    np.testing.assert_allclose(logp[mask], arrays.sampler_logp[mask], atol=1e-5)
+    self.assertTrue(np.all(arrays.sampler_logp[~mask] == 0))
     turns = [row["num_turns"] for row in rollout.episodes.rows]
     self.assertGreater(max(turns), 1, "the test needs multi-turn episodes")
     S0 = rollout.prompt_tokens.shape[1]
@@ -90,14 +90,14 @@ class EpisodeRolloutsTest(absltest.TestCase):
       opening = row["turn_tokens"][0]
       roles = [r for r, n in zip(row["turn_roles"], row["turn_tokens"]) for _ in range(n)]
       n = len(row["tokens"]) - opening
-      self.assertEqual(arrays["tokens"][b, S0:S0 + n].tolist(), row["tokens"][opening:])
+      self.assertEqual(arrays.tokens[b, S0:S0 + n].tolist(), row["tokens"][opening:])
       # The loss mask: exactly the model's tokens; the attention: every token of the episode.
       self.assertEqual(mask[b, :n].tolist(), [r == "assistant" for r in roles[opening:]])
       self.assertFalse(mask[b, n:].any())
-      self.assertEqual(arrays["attention_mask"][b, S0:].tolist(), [1] * n + [0] * (80 - n))
+      self.assertEqual(arrays.attention_mask[b, S0:].tolist(), [1] * n + [0] * (80 - n))
       self.assertEqual(row["loss_mask"], [int(r == "assistant") for r in roles])
       # echo weighs the tool's tokens (after the opening) only.
-      np.testing.assert_array_equal(arrays["echo_weights"][b, :n], np.float32(
+      np.testing.assert_array_equal(arrays.echo_weights[b, :n], np.float32(
           [0.1 if r == "tool" else 0.0 for r in roles[opening:]]))
       self.assertAlmostEqual(rollout.stats.rewards.per_function["env"][b],
                              0.25 * row["num_turns"] if row["ended"] != "max_new_tokens"
@@ -112,7 +112,7 @@ class EpisodeRolloutsTest(absltest.TestCase):
     model = setup.models.policy.replace(params=start.state.policy_params)
     logp, _ = steps.completion_logp(model, arrays, temperature=cfg.sampling.temperature,
                                     chunk_size=cfg.train.logprob_chunk_size)
-    w = arrays["echo_weights"]
+    w = arrays.echo_weights
     want = float(np.sum(w * -np.asarray(logp)) / np.count_nonzero(w))
     batch, _, _ = setup.programs.prepare(
         prepare.place_batch(arrays, setup.models.mesh, setup.models.rules), model, None, None,
@@ -172,8 +172,8 @@ class EpisodeRolloutsTest(absltest.TestCase):
       self.assertGreaterEqual(sum(failed[:G]), 1)  # at least the first prompt's episodes
       self.assertFalse(rollout.group_valid[0])
       arrays = prepare.batch_arrays(rollout, G, False)
-      self.assertFalse(arrays["loss_mask"][:G].any())
-      self.assertTrue(arrays["loss_mask"][G:].any())
+      self.assertFalse(arrays.loss_mask[:G].any())
+      self.assertTrue(arrays.loss_mask[G:].any())
 
   def _first_prompt(self) -> str:
     cfg = agent_config(self.model_dir)

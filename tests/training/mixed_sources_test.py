@@ -14,7 +14,7 @@ from jaxrl_llm import config as config_lib
 from jaxrl_llm import models, objectives, training
 from jaxrl_llm.config import ConfigError, source_config
 from jaxrl_llm.training import plan as plan_lib
-from jaxrl_llm.training import prepare, steps
+from jaxrl_llm.training import prepare, rollouts, steps
 from jaxrl_llm.training import setup as setup_lib
 from tests.training.run_logs import comparable, read_jsonl, resume_from_step_two
 
@@ -48,16 +48,12 @@ def raw_batch(rng, sources_P):
   B = P * G
   lengths = rng.integers(1, N + 1, size=B)
   mask = (np.arange(N)[None] < lengths[:, None]).astype(np.int32)
-  batch = {
-      "tokens": rng.integers(0, 50, size=(B, 3 + N)).astype(np.int32),
-      "attention_mask": np.concatenate([np.ones((B, 3), np.int32), mask], 1),
-      "loss_mask": mask,
-      "rewards": rng.choice([0.0, 0.1, 1.0, 1.1], size=B).astype(np.float32),
-      "sampler_logp": (-rng.random((B, N))).astype(np.float32),
-  }
-  if sources_P is not None:
-    batch["source"] = np.repeat(np.asarray(sources_P, np.int32), G)
-  return batch
+  return rollouts.TrainBatch(
+      tokens=rng.integers(0, 50, size=(B, 3 + N)).astype(np.int32),
+      attention_mask=np.concatenate([np.ones((B, 3), np.int32), mask], 1),
+      loss_mask=mask, rewards=rng.choice([0.0, 0.1, 1.0, 1.1], size=B).astype(np.float32),
+      sampler_logp=(-rng.random((B, N))).astype(np.float32),
+      source=None if sources_P is None else np.repeat(np.asarray(sources_P, np.int32), G))
 
 
 def run_prepare(config, batch, baselines=None):
@@ -76,13 +72,14 @@ class PerRowAlgorithmTest(absltest.TestCase):
     sources_P = np.array([0, 1, 2, 3, 1, 0, 2, 3])
     batch = raw_batch(rng, sources_P)
     _, (mixed, _, _) = run_prepare(mixed_config(estimators), batch)
-    self.assertEqual(mixed["pg_weight"].tolist(), [1.0] * len(sources_P) * G)
+    self.assertEqual(mixed.pg_weight.tolist(), [1.0] * len(sources_P) * G)
     rows = np.repeat(sources_P, G)
     for i, estimator in enumerate(estimators.values()):
-      own = {k: v[rows == i] for k, v in batch.items() if k != "source"}  # its rows alone
+      own = rollouts.TrainBatch(**{k: v[rows == i] for k, v in batch.fields().items()
+                                   if k != "source"})  # its rows alone
       _, (alone, _, _) = run_prepare(one_source_config(estimator), own)
-      np.testing.assert_allclose(np.asarray(mixed["advantages"])[rows == i],
-                                 np.asarray(alone["advantages"]), rtol=1e-6, atol=1e-6,
+      np.testing.assert_allclose(np.asarray(mixed.advantages)[rows == i],
+                                 np.asarray(alone.advantages), rtol=1e-6, atol=1e-6,
                                  err_msg=estimator)
 
   def test_rae_keeps_one_baseline_per_source(self):
@@ -94,13 +91,13 @@ class PerRowAlgorithmTest(absltest.TestCase):
     batch = raw_batch(rng, sources_P)
     _, (out, _, after) = run_prepare(config, batch, jnp.array([0.5, -1.0]))
     rows = np.repeat(sources_P, G)
-    rewards = batch["rewards"]
+    rewards = batch.rewards
     # Source x's rows, in order, against x's EMA (decay 0.95) from 0.5.
     b, expected = 0.5, []
     for r in rewards[rows == 0]:
       expected.append(r - b)
       b = 0.95 * b + 0.05 * r
-    np.testing.assert_allclose(np.asarray(out["advantages"])[rows == 0][:, 0], expected,
+    np.testing.assert_allclose(np.asarray(out.advantages)[rows == 0][:, 0], expected,
                                rtol=1e-5)
     self.assertAlmostEqual(float(after[0]), b, places=5)
 
@@ -117,10 +114,10 @@ class PerRowAlgorithmTest(absltest.TestCase):
         b, None, None, v, None, None, plan=plan, num_samples=G, temperature=1.0, chunk_size=4,
         num_micro=1))(batch, value)
     gae_rows = np.repeat(sources_P, G) == 0
-    np.testing.assert_array_equal(np.asarray(out["value_mask"]),
-                                  np.asarray(batch["loss_mask"]) * gae_rows[:, None])
-    self.assertTrue(np.all(np.asarray(out["returns"])[~gae_rows] == 0))
-    self.assertTrue(np.any(np.asarray(out["returns"])[gae_rows] != 0))
+    np.testing.assert_array_equal(np.asarray(out.value_mask),
+                                  np.asarray(batch.loss_mask) * gae_rows[:, None])
+    self.assertTrue(np.all(np.asarray(out.returns)[~gae_rows] == 0))
+    self.assertTrue(np.any(np.asarray(out.returns)[gae_rows] != 0))
 
   def test_a_new_mix_does_not_recompile(self):
     config = mixed_config({"a": "grpo", "b": "rloo"})
@@ -130,7 +127,7 @@ class PerRowAlgorithmTest(absltest.TestCase):
     fn, _ = run_prepare(config, raw_batch(rng, [0, 0, 0, 1]))
     for mix in ([0, 1, 1, 1], [1, 1, 1, 1], [0, 1, 0, 1]):
       out, _, _ = fn(jax.tree.map(jnp.asarray, raw_batch(rng, mix)), None)
-      self.assertEqual(np.asarray(out["pg_weight"]).tolist(),
+      self.assertEqual(np.asarray(out.pg_weight).tolist(),
                        [1.0 if s == 0 else 0.5 for s in np.repeat(mix, G)])
     self.assertEqual(fn._cache_size(), 1)  # pylint: disable=protected-access
 
@@ -176,7 +173,15 @@ class PerRowLossTest(absltest.TestCase):
     self.assertAlmostEqual(float(sum(pieces)), float(loss), places=6)
 
   def test_policy_step_reads_the_row_weights(self):
-    self.assertEqual(steps.ROW_WEIGHTS, ("pg", "distill"))
+    ones = np.ones((2, 3), np.int32)
+    batch = rollouts.TrainBatch(tokens=ones, attention_mask=ones, loss_mask=ones,
+                                pg_weight=np.array([1.0, 0.5]))
+    self.assertEqual(list(steps._row_weights(batch)), ["pg"])  # pylint: disable=protected-access
+    both = batch.replace(distill_weight=np.array([0.0, 2.0]))
+    weights = steps._row_weights(both)  # pylint: disable=protected-access
+    self.assertEqual(sorted(weights), ["distill", "pg"])
+    self.assertIs(weights["distill"], both.distill_weight)
+    self.assertEqual(steps._row_weights(batch.replace(pg_weight=None)), {})  # one source
 
 
 class MixedConfigTest(absltest.TestCase):

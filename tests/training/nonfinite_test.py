@@ -32,11 +32,11 @@ def batch(old_logp_value=0.0):
   rng = np.random.default_rng(0)
   old_logp = np.full((B, N), -3.0, np.float32)
   old_logp[1, 2] = old_logp_value
-  return {"tokens": jnp.asarray(rng.integers(0, 32, (B, S0 + N)), jnp.int32),
-          "attention_mask": jnp.ones((B, S0 + N), jnp.int32),
-          "loss_mask": jnp.ones((B, N), jnp.int32),
-          "old_logp": jnp.asarray(old_logp),
-          "advantages": jnp.asarray(rng.normal(size=(B, N)), jnp.float32)}
+  return rollouts.TrainBatch(tokens=jnp.asarray(rng.integers(0, 32, (B, S0 + N)), jnp.int32),
+                             attention_mask=jnp.ones((B, S0 + N), jnp.int32),
+                             loss_mask=jnp.ones((B, N), jnp.int32),
+                             old_logp=jnp.asarray(old_logp),
+                             advantages=jnp.asarray(rng.normal(size=(B, N)), jnp.float32))
 
 
 class PolicyStepTest(absltest.TestCase):

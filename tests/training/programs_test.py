@@ -47,20 +47,20 @@ class ShardingTest(absltest.TestCase):
     arrays = prepare.batch_arrays(_rollout(config), config.sampling.num_samples, False)
     batch, _, _ = programs.prepare(prepare.place_batch(arrays, m.mesh, m.rules), m.policy,
                                    m.reference, m.value, m.teacher, None)
-    for name, x in batch.items():
+    for name, x in batch.fields().items():
       self.assertEqual(x.sharding.spec, ROWS, name)
     idx = np.random.RandomState(1).permutation(32)[:programs.minibatch_rows]
     minibatch = programs.take_rows(batch, idx)
-    for name, x in minibatch.items():
+    for name, x in minibatch.fields().items():
       self.assertEqual(x.shape[0], 8, name)
       self.assertEqual(x.sharding, NamedSharding(m.mesh, ROWS), name)
       self.assertEqual(x.addressable_shards[0].data.shape[0], 2, name)  # 8 rows over 4 shards
-      np.testing.assert_array_equal(np.asarray(x), np.asarray(batch[name])[idx], err_msg=name)
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(getattr(batch, name))[idx], err_msg=name)
     # The compiled update takes the minibatch as it lies, and the parameters as placed.
     state = setup_lib.fresh_state(setup, config.seed)
     compiled = programs.policy_update.lower(state, minibatch, m.base).compile()  # no LoRA: None
     state_in, batch_in, _ = compiled.input_shardings[0]
-    for name, sharding in batch_in.items():
+    for name, sharding in batch_in.fields().items():
       self.assertTrue(sharding.is_equivalent_to(NamedSharding(m.mesh, ROWS), 2), name)
     qkv_in = state_in.policy_params["layers"]["attn"]["qkv_proj"]["kernel"]
     self.assertTrue(qkv_in.is_equivalent_to(

@@ -16,7 +16,7 @@ from jaxrl_llm import data, models, training
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.training import plan as plan_lib
-from jaxrl_llm.training import prepare
+from jaxrl_llm.training import prepare, rollouts
 from jaxrl_llm.training import setup as setup_lib
 
 G, N = 2, 4
@@ -86,16 +86,16 @@ class SelfTeacherTest(absltest.TestCase):
     lengths = np.array([4, 2, 3, 1])
     cmask = (np.arange(N)[None] < lengths[:, None]).astype(np.int32)
     rep = lambda a: np.repeat(a, G, axis=0)
-    batch = {"tokens": np.concatenate([rep(tok.tokens), completions], 1),
-             "attention_mask": np.concatenate([rep(tok.mask), cmask], 1),
-             "loss_mask": cmask, "rewards": np.zeros(2 * G, np.float32),
-             "sampler_logp": np.zeros((2 * G, N), np.float32),
-             "hint_tokens": np.concatenate([rep(hint_tokens), completions], 1),
-             "hint_attention_mask": np.concatenate([rep(hint_mask), cmask], 1)}
+    batch = rollouts.TrainBatch(
+        tokens=np.concatenate([rep(tok.tokens), completions], 1),
+        attention_mask=np.concatenate([rep(tok.mask), cmask], 1), loss_mask=cmask,
+        rewards=np.zeros(2 * G, np.float32), sampler_logp=np.zeros((2 * G, N), np.float32),
+        hint_tokens=np.concatenate([rep(hint_tokens), completions], 1),
+        hint_attention_mask=np.concatenate([rep(hint_mask), cmask], 1))
     out, metrics, _ = jax.jit(lambda b, p: prepare.prepare_batch(
         b, p, None, None, None, None, plan=plan, num_samples=G, temperature=1.0, chunk_size=4,
         num_micro=2))(jax.tree.map(jnp.asarray, batch), policy)
-    self.assertNotIn("hint_tokens", out)
+    self.assertIsNone(out.hint_tokens)
     self.assertIn("distill/reverse_kl", metrics)
     # By hand: one unpadded forward over hint + prompt + completion per row.
     for b in range(2 * G):
@@ -108,9 +108,9 @@ class SelfTeacherTest(absltest.TestCase):
       logp = jax.nn.log_softmax(logits[0], -1)
       start = L - lengths[b]
       expected = [float(logp[start - 1 + t, ids[start + t]]) for t in range(lengths[b])]
-      np.testing.assert_allclose(np.asarray(out["teacher_logp"][b, :lengths[b]]), expected,
+      np.testing.assert_allclose(np.asarray(out.teacher_logp[b, :lengths[b]]), expected,
                                  rtol=1e-4, atol=1e-4)
-      self.assertTrue(np.all(np.asarray(out["teacher_logp"][b, lengths[b]:]) == 0))
+      self.assertTrue(np.all(np.asarray(out.teacher_logp[b, lengths[b]:]) == 0))
 
 
 class SelfDistillationRunTest(absltest.TestCase):

@@ -12,7 +12,8 @@ rewards), the parts some runs add, each typed and None otherwise (`Mixed` source
               (`episodes` plays them), and `ConversationRollouts`: demonstrated ones (SFT);
   dataset     `DatasetRollouts`: each record's target completion (SFT).
 
-`prepare.batch_arrays` turns a `Rollout` into the training batch.
+`prepare.batch_arrays` turns a `Rollout` into the training batch, a `TrainBatch` whose
+optional fields the plan fills.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from jaxrl_llm.training.rollouts.contract import (EpisodeParts, EpisodeStats, Hi
 from jaxrl_llm.training.rollouts.dataset import DatasetRollouts
 from jaxrl_llm.training.rollouts.multi_turn import ConversationRollouts, EpisodeRollouts
 from jaxrl_llm.training.rollouts.sampled import SampledRollouts
+from jaxrl_llm.training.rollouts.train_batch import TrainBatch
 
 
 def for_plan(plan: Plan, settings: sampling.SamplingSettings, prompt_format: data.PromptFormat,
@@ -46,5 +48,5 @@ def for_plan(plan: Plan, settings: sampling.SamplingSettings, prompt_format: dat
 
 __all__ = ["ConversationRollouts", "DatasetRollouts", "EpisodeParts", "EpisodeRollouts",
            "EpisodeStats", "Hinted", "Mixed", "RewardStats", "Rollout", "RolloutSource",
-           "RolloutStats", "SampledRollouts", "decode_completions", "for_plan",
+           "RolloutStats", "SampledRollouts", "TrainBatch", "decode_completions", "for_plan",
            "prompt_aligned_routing"]

@@ -3,7 +3,7 @@ the `RolloutSource` protocol every producer implements as an equal."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import numpy as np
@@ -140,6 +140,7 @@ class Rollout:
     return self.mask if self.episodes is None else self.episodes.attention
 
 
+@runtime_checkable
 class RolloutSource(Protocol):
   """A producer of rollouts (single-turn sampling, episodes, demonstrations).
 

@@ -189,8 +189,9 @@ def last_turn_text(tokenizer, ep: episode_lib.Episode) -> str:
 
 
 def episode_fields(episodes: Sequence[episode_lib.Episode]) -> dict[str, list]:
-  """The reward functions' extra fields of episodes: `turns` (the model's turns' texts) and
-  `messages` (the conversation)."""
+  """The reward functions' extra fields of episodes (`reward_checks.EPISODE_FIELDS`, which
+  the preflight counts as present): `turns` (the model's turns' texts) and `messages` (the
+  conversation)."""
   return dict(turns=[[m["content"] for m in ep.messages if m["role"] == MODEL]
                      for ep in episodes],
               messages=[[dict(m) for m in ep.messages] for ep in episodes])

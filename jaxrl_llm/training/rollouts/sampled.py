@@ -187,8 +187,8 @@ def _repad(arrays: list[np.ndarray], masks: list[np.ndarray], pad: int):
   """Left-pads prompt blocks of different bucket lengths to the longest."""
   S0 = max(a.shape[1] for a in arrays)
   out_t, out_m = [], []
-  for a, m in zip(arrays, masks):
+  for a, mask in zip(arrays, masks):
     extra = S0 - a.shape[1]
     out_t.append(np.pad(a, ((0, 0), (extra, 0)), constant_values=pad))
-    out_m.append(np.pad(m, ((0, 0), (extra, 0))))
+    out_m.append(np.pad(mask, ((0, 0), (extra, 0))))
   return np.concatenate(out_t), np.concatenate(out_m)
