@@ -205,40 +205,43 @@ def _check_batch_shards(config, devices) -> None:
         "every device", minibatches, P * G, P * G // minibatches, shards, sizes, shards)
 
 
-def _check_model(m) -> None:
-  _one_of("model.remat", m.remat, model_config.REMAT_POLICIES)
-  _one_of("model.attention", m.attention, model_config.ATTENTION_IMPLS)
-  _one_of("model.moe_impl", m.moe_impl, model_config.MOE_IMPLS)
-  _one_of("model.arch.model_type", m.arch.model_type, model_config.SUPPORTED_MODEL_TYPES)
-  if m.router_z_loss_coef < 0:
-    _fail("model.router_z_loss_coef", m.router_z_loss_coef, "a weight >= 0 (0 = off)")
-  if m.router_aux_loss_coef < 0 and m.router_aux_loss_coef != -1:
-    _fail("model.router_aux_loss_coef", m.router_aux_loss_coef,
+def _check_model(model_cfg) -> None:
+  _one_of("model.remat", model_cfg.remat, model_config.REMAT_POLICIES)
+  _one_of("model.attention", model_cfg.attention, model_config.ATTENTION_IMPLS)
+  _one_of("model.moe_impl", model_cfg.moe_impl, model_config.MOE_IMPLS)
+  _one_of("model.arch.model_type", model_cfg.arch.model_type, model_config.SUPPORTED_MODEL_TYPES)
+  if model_cfg.router_z_loss_coef < 0:
+    _fail("model.router_z_loss_coef", model_cfg.router_z_loss_coef, "a weight >= 0 (0 = off)")
+  if model_cfg.router_aux_loss_coef < 0 and model_cfg.router_aux_loss_coef != -1:
+    _fail("model.router_aux_loss_coef", model_cfg.router_aux_loss_coef,
           "a weight >= 0, or -1 for config.json's router_aux_loss_coef")
-  a = m.arch
-  if not m.path and a.model_type in model_config.MOE_MODEL_TYPES:
+  a = model_cfg.arch
+  if not model_cfg.path and a.model_type in model_config.MOE_MODEL_TYPES:
     if not 0 < a.num_experts_per_tok <= a.num_experts:
       _fail("model.arch.num_experts_per_tok", a.num_experts_per_tok,
             f"1 to model.arch.num_experts={a.num_experts} (an MoE arch needs num_experts > 0)")
     if a.moe_intermediate_size <= 0:
       _fail("model.arch.moe_intermediate_size", a.moe_intermediate_size, "a positive width")
   for name in ("dtype", "param_dtype"):
-    _one_of(f"model.{name}", m[name], model_config.DTYPES)
-  if m.path:
-    _check_model_dir("model.path", m.path)
-  if m.tokenizer_path and not paths.isdir(m.tokenizer_path):
-    raise ConfigError(f"config.model.tokenizer_path={m.tokenizer_path!r} is not a directory: "
-                      "expected a tokenizer directory, local or gs:// ('' = model.path)")
+    _one_of(f"model.{name}", model_cfg[name], model_config.DTYPES)
+  if model_cfg.path:
+    _check_model_dir("model.path", model_cfg.path)
+  if model_cfg.tokenizer_path and not paths.isdir(model_cfg.tokenizer_path):
+    raise ConfigError(f"config.model.tokenizer_path={model_cfg.tokenizer_path!r} is not a "
+                      "directory: expected a tokenizer directory, local or gs:// ('' = "
+                      "model.path)")
   needed = len(char_tokenizer.vocab())
-  if not m.path and not m.tokenizer_path and m.arch.vocab_size < needed:
-    raise ConfigError(f"config.model.arch.vocab_size={m.arch.vocab_size} is smaller than the "
-                      f"built-in character tokenizer's {needed} tokens: expected >= {needed}, "
+  if not model_cfg.path and not model_cfg.tokenizer_path and model_cfg.arch.vocab_size < needed:
+    raise ConfigError(f"config.model.arch.vocab_size={model_cfg.arch.vocab_size} is smaller "
+                      f"than the built-in character tokenizer's {needed} tokens: expected >= {needed}, "
                       "or set config.model.tokenizer_path")
 
 
-def _policy_model_type(m) -> str | None:
+def _policy_model_type(model_cfg) -> str | None:
   """The policy's model_type: its checkpoint's config.json's, or `config.model.arch`'s."""
-  return model_load.read_config(m.path).get("model_type") if m.path else m.arch.model_type
+  if model_cfg.path:
+    return model_load.read_config(model_cfg.path).get("model_type")
+  return model_cfg.arch.model_type
 
 
 def _check_lora(config) -> None:
