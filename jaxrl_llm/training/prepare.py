@@ -53,7 +53,7 @@ def batch_arrays(r: Rollout, G: int, mask_truncated: bool) -> TrainBatch:
       turn_rewards=None if episodes is None else as_float(episodes.turn_rewards),
       routing=None if r.routing is None else as_int(prompt_aligned_routing(
           r.routing, extra + r.prompt_tokens.shape[1], r.tokens.shape[1])),
-      source=None if r.mixed is None else as_int(np.repeat(r.mixed.sources, G)),
+      source_index=None if r.mixed is None else as_int(np.repeat(r.mixed.sources, G)),
       hint_tokens=as_int(hint_tokens), hint_attention_mask=as_int(hint_mask))
 
 
@@ -151,7 +151,7 @@ def _per_row(plan: Plan, batch, coef, always: bool = False):
     return None
   if not plan.mixed:
     return values[0]
-  return jnp.asarray(values, jnp.float32)[batch.source][:, None]
+  return jnp.asarray(values, jnp.float32)[batch.source_index][:, None]
 
 
 def _advantages(batch, mask, plan: Plan, num_samples: int, old_logp, ref_logp, values,
@@ -164,7 +164,7 @@ def _advantages(batch, mask, plan: Plan, num_samples: int, old_logp, ref_logp, v
   own source's: a row gets exactly what a run of its source alone would give it.
   """
   rewards_PG = batch.rewards.reshape(-1, num_samples)
-  source_B = batch.source if plan.mixed else jnp.zeros(rewards_PG.size, jnp.int32)
+  source_B = batch.source_index if plan.mixed else jnp.zeros(rewards_PG.size, jnp.int32)
   seen_B = None
   if baselines is not None:  # rae: one baseline per source
     decay_K = np.asarray([s.algo.advantage.decay for s in plan.sources], np.float64)

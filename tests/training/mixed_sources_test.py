@@ -53,7 +53,8 @@ def raw_batch(rng, sources_P):
       attention_mask=np.concatenate([np.ones((B, 3), np.int32), mask], 1),
       loss_mask=mask, rewards=rng.choice([0.0, 0.1, 1.0, 1.1], size=B).astype(np.float32),
       sampler_logp=(-rng.random((B, N))).astype(np.float32),
-      source=None if sources_P is None else np.repeat(np.asarray(sources_P, np.int32), G))
+      source_index=(None if sources_P is None
+                    else np.repeat(np.asarray(sources_P, np.int32), G)))
 
 
 def run_prepare(config, batch, baselines=None):
@@ -76,7 +77,7 @@ class PerRowAlgorithmTest(absltest.TestCase):
     rows = np.repeat(sources_P, G)
     for i, estimator in enumerate(estimators.values()):
       own = rollouts.TrainBatch(**{k: v[rows == i] for k, v in batch.fields().items()
-                                   if k != "source"})  # its rows alone
+                                   if k != "source_index"})  # its rows alone
       _, (alone, _, _) = run_prepare(one_source_config(estimator), own)
       np.testing.assert_allclose(np.asarray(mixed.advantages)[rows == i],
                                  np.asarray(alone.advantages), rtol=1e-6, atol=1e-6,

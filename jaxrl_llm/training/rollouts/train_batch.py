@@ -23,7 +23,7 @@ class TrainBatch:
     routing: int32 [B, S0 + N, MoE layers, k], the experts the sampler routed each token
       to (-1: none recorded): replayed with `algo.routing_replay = 'rollout'`, compared
       with the update's own choice (`moe/routing_mismatch`) either way.
-    source: int32 [B], each row's source in a mixed run.
+    source_index: int32 [B], each row's source (its index in `Plan.sources`) in a mixed run.
     hint_tokens, hint_attention_mask: int32 [B, S0 + H + N], the completions after their
       prompt's hint (self-distillation).
   Filled by `prepare.prepare_batch` (the update reads these):
@@ -43,7 +43,7 @@ class TrainBatch:
   echo_weights: Any = None
   turn_rewards: Any = None
   routing: Any = None
-  source: Any = None
+  source_index: Any = None
   hint_tokens: Any = None
   hint_attention_mask: Any = None
   advantages: Any = None
