@@ -90,7 +90,7 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertTrue(all(result.fits(p) for p in result.programs))
     from jaxrl_llm.aot import step  # pylint: disable=g-import-not-at-top
     plan = training.make_plan(report.for_compiling(config))
-    self.assertIn("routing", step.minibatch(report.for_compiling(config), plan, setup))
+    self.assertIsNotNone(step.minibatch(report.for_compiling(config), plan, setup).routing)
 
   def test_multi_turn_turn_program_compiles_in_the_tpu_cache_layout(self):
     config = config_lib.preset("grpo_calculator")
