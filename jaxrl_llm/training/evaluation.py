@@ -43,7 +43,7 @@ class Evaluator:
                prompt_format: data.PromptFormat, tokenizer, batch_size: int):
     self.dataset, self.format, self.tokenizer = dataset, prompt_format, tokenizer
     self.batch_size = batch_size
-    self.reward_set = RewardSet.from_config(source.rewards, reward_checks.rewards_field(source))
+    self.reward_set = reward_checks.reward_set(source)
     self.prefix = f"{source.name}/" if source.name else ""
     self.dataset_key = (source.data, source.task_options,
                         tuple(source.rewards.to_dict().items()))

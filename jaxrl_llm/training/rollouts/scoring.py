@@ -7,7 +7,7 @@ import numpy as np
 
 from jaxrl_llm import data
 from jaxrl_llm.config import reward_checks
-from jaxrl_llm.rewards import Rewards, RewardSet
+from jaxrl_llm.rewards import Rewards
 
 
 class RowScorer:
@@ -21,8 +21,7 @@ class RowScorer:
   """
 
   def __init__(self, sources: Sequence, mixed: bool, num_samples: int):
-    self.reward_sets = [RewardSet.from_config(s.rewards, reward_checks.rewards_field(s))
-                        for s in sources]
+    self.reward_sets = [reward_checks.reward_set(s) for s in sources]
     self.names = tuple(s.name for s in sources) if mixed else ()
     self.G = num_samples
 
