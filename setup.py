@@ -33,6 +33,11 @@ setuptools.setup(
         "absl-py",
         "tqdm",
         "tensorboardX",
+        # The OpenAI-compatible endpoint (jaxrl_llm.serving, launch.serve) and the agent
+        # programs that train through it (their client).
+        "fastapi",
+        "uvicorn",
+        "openai>=1.40",
     ],
     entry_points={"console_scripts": ["jaxrl-llm-train=jaxrl_llm.cli:run",
                                       "jaxrl-llm-compile=jaxrl_llm.aot.cli:run"]},

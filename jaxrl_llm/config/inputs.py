@@ -61,6 +61,12 @@ def check_environment(source, tokenizer, first_record=None) -> None:
   episodes token-exactly (`envs.ChatRenderer.check_template`: else one line, exit 2), and
   its opening for the first record fits `max_episode_tokens`."""
   from jaxrl_llm import envs  # pylint: disable=g-import-not-at-top
+  if source.env.get("agent"):  # an agent program: its calls are rendered by the template
+    try:
+      envs.ChatRenderer(tokenizer)
+    except envs.TemplateError as e:
+      raise ValueError(f"{source.field}.agent={source.env['agent']!r}: {e}") from e
+    return
   field = f"{source.field}.env={source.env['env']!r}"
   env = None
   try:

@@ -262,6 +262,12 @@ def env_config() -> dict:
       "env_workers": 1,  # environment instances stepping a batch's episodes concurrently, >= 1
       "on_env_error": "stop",  # stop | drop: an environment that raises stops the run, or its
                                # episode's group carries no loss and is counted (env/dropped)
+      # An agent program instead of an environment: 'path/to/agent.py:run' | 'pkg.mod:run',
+      # `async def run(client, record) -> reward | (reward, info)` (docs/agents.md); its
+      # client is an openai.AsyncOpenAI bound to the policy's endpoint; env_workers programs
+      # run at once, max_turns bounds its calls.
+      "agent": "",
+      "agent_timeout_s": 300.0,  # an agent program running longer is cancelled (dropped)
   }
 
 

@@ -55,7 +55,7 @@ class Source:
 
   @property
   def multi_turn(self) -> bool:
-    return bool(self.env.get("env"))
+    return bool(self.env.get("env") or self.env.get("agent"))
 
   @property
   def field(self) -> str:

@@ -8,6 +8,7 @@ reward functions in `reward_checks`.
 """
 from __future__ import annotations
 
+import inspect
 import math
 
 import jax
@@ -327,7 +328,10 @@ def _check_envs(config) -> None:
     return
   for s in multi:
     e, where = s.env, s.field.removeprefix("config.")
-    import_path.load_function(e["env"], field=f"{s.field}.env")  # a typo fails here
+    if e["agent"]:
+      _check_agent(config, s)
+    else:
+      import_path.load_function(e["env"], field=f"{s.field}.env")  # a typo fails here
     for key in ("max_turns", "env_workers"):
       if isinstance(e[key], bool) or not isinstance(e[key], int) or e[key] < 1:
         _fail(f"{where}.{key}", e[key], "an integer >= 1")
@@ -360,6 +364,26 @@ def _check_envs(config) -> None:
     if d.teacher == "self" and (d.coef or d.shaping_coef):
       _fail(f"{s.field.removeprefix('config.')}.algo.distill.teacher", d.teacher,
             "'model' with an environment (a hint before an episode is not supported)")
+
+
+def _check_agent(config, source) -> None:
+  """An agent program (`agent`): an async function, and what it does not combine with."""
+  e, where = source.env, source.field.removeprefix("config.")
+  if e["env"]:
+    _fail(f"{where}.agent", e["agent"], f"'' while {where}.env={e['env']!r} is set: a source "
+          "plays an environment or an agent program, not both")
+  run = import_path.load_function(e["agent"], field=f"{source.field}.agent")
+  if not inspect.iscoroutinefunction(run):
+    _fail(f"{where}.agent", e["agent"], "an `async def run(client, record)` returning the reward")
+  if isinstance(e["agent_timeout_s"], bool) or not isinstance(
+      e["agent_timeout_s"], (int, float)) or not e["agent_timeout_s"] > 0:
+    _fail(f"{where}.agent_timeout_s", e["agent_timeout_s"], "a positive number of seconds")
+  if config.data.completions != "sample":
+    _fail("data.completions", config.data.completions, "'sample' with an agent program (its "
+          "episodes are played, not read from the data)")
+  if config.sampling.top_k:
+    _fail("sampling.top_k", config.sampling.top_k, "0 with an agent program (its endpoint "
+          "samples with temperature and top-p)")
 
 
 def _distill_readers(config, teachers=("model",)) -> list[str]:

@@ -70,10 +70,12 @@ class Episode:
   def start(cls, renderer: chat.ChatRenderer, messages: list[dict]) -> "Episode":
     """An episode holding the opening `messages`, rendered for the model's first turn."""
     episode = cls(tools=[dict(t) for t in renderer.tools] if renderer.tools else None)
-    episode._append(renderer.prompt_ids(messages), PROMPT, messages)
+    episode.append(renderer.prompt_ids(messages), PROMPT, messages)
     return episode
 
-  def _append(self, ids, role, messages, logprobs=None):
+  def append(self, ids, role, messages, logprobs=None):
+    """Appends a stretch of tokens of one role and the messages they render (the opening,
+    or what an agent program added between its calls: `rollouts.agents`)."""
     self.tokens += ids
     self.roles += [role] * len(ids)
     self.logprobs += [0.0] * len(ids) if logprobs is None else logprobs
@@ -100,7 +102,7 @@ class Episode:
     if len(ids) != len(logprobs):
       raise ValueError(f"add_model_turn: {len(ids)} ids but {len(logprobs)} log-probs; "
                        "expected one log-prob per id.")
-    self._append(ids, MODEL, [{"role": MODEL, "content": text}], logprobs)
+    self.append(ids, MODEL, [{"role": MODEL, "content": text}], logprobs)
     self.turn_lengths.append(len(ids))
     self.turn_rewards.append(0.0)
     self.turn_infos.append({})
@@ -121,7 +123,7 @@ class Episode:
       self.end("max_episode_tokens")
       return False
     roles = list(dict.fromkeys(m["role"] for m in new_messages))
-    self._append(ids, "+".join(roles), new_messages)
+    self.append(ids, "+".join(roles), new_messages)
     return True
 
   def loss_mask(self) -> list[int]:

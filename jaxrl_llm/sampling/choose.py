@@ -21,13 +21,18 @@ def _truncate(scaled_BV: jax.Array, top_k: int, top_p: float) -> jax.Array:
     kth_B1 = jax.lax.top_k(scaled_BV, top_k)[0][:, -1:]
     scaled_BV = jnp.where(scaled_BV < kth_B1, -jnp.inf, scaled_BV)
   if top_p < 1.0:
-    probs_BV = jax.nn.softmax(scaled_BV, axis=-1)
-    sorted_BV = jnp.sort(probs_BV, axis=-1)[:, ::-1]
-    # Keep the smallest prefix of the sorted tokens whose mass reaches top_p (at least one).
-    keep_BV = (jnp.cumsum(sorted_BV, axis=-1) - sorted_BV) < top_p
-    threshold_B1 = jnp.min(jnp.where(keep_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
-    scaled_BV = jnp.where(probs_BV < threshold_B1, -jnp.inf, scaled_BV)
+    scaled_BV = _nucleus(scaled_BV, top_p)
   return scaled_BV
+
+
+def _nucleus(scaled_BV: jax.Array, top_p) -> jax.Array:
+  """Logits outside the top-p nucleus set to -inf (`top_p`: a float, or [B, 1] per row)."""
+  probs_BV = jax.nn.softmax(scaled_BV, axis=-1)
+  sorted_BV = jnp.sort(probs_BV, axis=-1)[:, ::-1]
+  # Keep the smallest prefix of the sorted tokens whose mass reaches top_p (at least one).
+  keep_BV = (jnp.cumsum(sorted_BV, axis=-1) - sorted_BV) < top_p
+  threshold_B1 = jnp.min(jnp.where(keep_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where(probs_BV < threshold_B1, -jnp.inf, scaled_BV)
 
 
 def gumbel_noise(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -83,6 +88,30 @@ def choose_tokens(logits_BV: jax.Array, keys_B: jax.Array, s: SamplingSettings):
     token_B = _argmax_rows(noisy_BV)
   logp_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
   return token_B.astype(jnp.int32), logp_B
+
+
+def choose_rows(logits_BV: jax.Array, keys_B: jax.Array, temperature_B: jax.Array,
+                top_p_B: jax.Array):
+  """`choose_tokens` with each row's own temperature (0: greedy) and top-p (no top-k), for
+  a serving engine whose slots hold requests of different settings: a row's token and
+  log-prob equal `choose_tokens`' under settings of its own temperature and top-p.
+
+  Returns (token int32 [B], behaviour log-prob float32 [B], log-probs float32 [B, V]: the
+  distribution the behaviour log-prob is read from, for a request's top log-probs).
+  """
+  logits_BV = logits_BV.astype(jnp.float32)
+  greedy_B = temperature_B <= 0
+  scaled_BV = logits_BV / jnp.where(greedy_B, 1.0, temperature_B)[:, None]
+  logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
+  noise_BV = jax.vmap(gumbel_noise, in_axes=(0, None))(keys_B, scaled_BV.shape[-1:])
+
+  def nucleus(x_BV):  # a row at top-p 1 keeps every token, as `_truncate` does
+    return jnp.where(top_p_B[:, None] >= 1.0, x_BV, _nucleus(x_BV, top_p_B[:, None]))
+
+  truncated_BV = jax.lax.cond(jnp.any(top_p_B < 1.0), nucleus, lambda x: x, scaled_BV)
+  token_B = jnp.where(greedy_B, _argmax_rows(logits_BV), _argmax_rows(truncated_BV + noise_BV))
+  logp_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
+  return token_B.astype(jnp.int32), logp_B, logp_BV
 
 
 def is_eos(token_B, s: SamplingSettings):

@@ -48,7 +48,7 @@ class Evaluator:
     self.dataset_key = (source.data, source.task_options,
                         tuple(source.rewards.to_dict().items()))
     self.sampler = sampling.Sampler(settings, prompt_format.buckets)
-    self.player = (episodes.EpisodePlayer(source, tokenizer, settings)
+    self.player = (episodes.player_for(source, tokenizer, settings)
                    if source.multi_turn else None)
 
   @classmethod

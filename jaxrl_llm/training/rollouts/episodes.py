@@ -179,6 +179,15 @@ class EpisodePlayer:
       envs.loading.close(env)
 
 
+def player_for(source: Source, tokenizer, settings: sampling.SamplingSettings):
+  """The player of a multi-turn source's episodes: its agent program's
+  (`agents.AgentPlayer`) or its environment's (`EpisodePlayer`)."""
+  if source.env.get("agent"):
+    from jaxrl_llm.training.rollouts import agents  # pylint: disable=g-import-not-at-top
+    return agents.AgentPlayer(source, tokenizer, settings)
+  return EpisodePlayer(source, tokenizer, settings)
+
+
 def last_turn_text(tokenizer, ep: episode_lib.Episode) -> str:
   """The model's last turn as the reward functions' completion (special tokens dropped)."""
   if not ep.turn_lengths:

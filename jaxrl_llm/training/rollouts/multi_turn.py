@@ -14,7 +14,7 @@ from jaxrl_llm.training.plan import Plan
 from jaxrl_llm.training.rollouts import summary
 from jaxrl_llm.training.rollouts.contract import (EpisodeParts, EpisodeStats, Mixed,
                                                   RewardStats, Rollout, RolloutStats)
-from jaxrl_llm.training.rollouts.episodes import (MODEL, EpisodePlayer, episode_arrays,
+from jaxrl_llm.training.rollouts.episodes import (MODEL, episode_arrays, player_for,
                                                   episode_fields, env_rewards, last_turn_text,
                                                   local_model, opening_length)
 from jaxrl_llm.training.rollouts.scoring import RowScorer
@@ -38,7 +38,7 @@ class EpisodeRollouts:
     self.tokenizer, self.batches, self.buckets = tokenizer, batches, prompt_format.buckets
     self.G, self.pad, self.algo = settings.num_samples, settings.pad_id, plan.algo
     self.score_rows = RowScorer(plan.sources, plan.mixed, self.G)
-    self.players = [EpisodePlayer(s, tokenizer, settings) for s in plan.sources]
+    self.players = [player_for(s, tokenizer, settings) for s in plan.sources]
     self.width = max(s.env["max_episode_tokens"] for s in plan.sources)
     self.echo = {k: float(v) for k, v in plan.algo.echo.items() if v}
 

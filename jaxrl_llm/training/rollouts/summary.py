@@ -68,15 +68,17 @@ def _source_metrics(every: RolloutStats, source_names: Sequence[str]) -> dict[st
 
 def episode_metrics(every: EpisodeStats) -> dict[str, float]:
   """`env/turns_mean`, `env/model_tokens_mean`, `env/ended/WHY` (fractions), `env/dropped`,
-  and with tools `env/tool_calls`, `env/tool_ok_frac` (the valid-call rate) and
-  `env/tool_CATEGORY`."""
+  with tools `env/tool_calls`, `env/tool_ok_frac` (the valid-call rate) and
+  `env/tool_CATEGORY`, and with agent programs `env/agent_COUNT` (`rollouts.agents`)."""
   metrics = {"env/turns_mean": float(every.turns.mean()),
              "env/model_tokens_mean": float(every.model_tokens.mean())}
   for i, why in enumerate(episode_lib.ENDINGS):
     metrics[f"env/ended/{why}"] = float(np.mean(every.ended == i))
   metrics["env/dropped"] = float(every.dropped.sum())
-  if every.tool_stats:
-    tools = {k: float(v.sum()) for k, v in every.tool_stats.items()}
+  counts = {k: float(v.sum()) for k, v in every.tool_stats.items()}
+  metrics.update({f"env/{k}": v for k, v in counts.items() if k.startswith("agent_")})
+  tools = {k: v for k, v in counts.items() if not k.startswith("agent_")}
+  if tools:
     metrics["env/tool_calls"] = tools["calls"]
     metrics["env/tool_ok_frac"] = tools["ok"] / tools["calls"] if tools["calls"] else 0.0
     metrics.update({f"env/tool_{k}": v for k, v in tools.items() if k != "calls"})

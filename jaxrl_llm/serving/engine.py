@@ -1,0 +1,248 @@
+"""The serving engine: requests submitted from any thread at any time, decoded together.
+
+```python
+engine = serving.Engine(model, sampling_settings, serving.Layout(slots=8, context=1024, ...))
+future = engine.submit(serving.Request(prompt=ids, max_tokens=64, temperature=1.0, seed=0))
+completion = future.result()   # tokens, behaviour log-probs, finish reason, policy version
+engine.publish(new_model, version=3)   # requests admitted from now on run the new weights
+engine.close()
+```
+
+One thread owns the device state (`slots.SlotState`). It loops: every free slot takes the
+next waiting request (its prompt prefilled, `slots.admit`), then one device call decodes up
+to `chunk_steps` tokens of every live slot (`slots.decode_chunk`, which returns early when
+a request ends and others wait), then the ended requests' tokens are read back and their
+futures completed. A request therefore joins the running batch at the next chunk boundary,
+never waiting for a batch to fill or to drain; the host reads the device once per chunk,
+not once per token.
+
+Every program has fixed shapes: one decode chunk, one admission per prompt bucket (whole
+pages, powers of two), so nothing compiles after the buckets have been seen.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import os
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm import models
+from jaxrl_llm.serving import slots
+from jaxrl_llm.serving.slots import Layout
+from jaxrl_llm.sampling.settings import SamplingSettings
+
+
+class QueueFull(RuntimeError):
+  """More requests are waiting than the engine accepts (`max_waiting`)."""
+
+
+@dataclasses.dataclass
+class Request:
+  """One completion to sample: `prompt` token ids; at most `max_tokens` new tokens;
+  `temperature` (0: greedy) and `top_p`; `seed` (its key is `PRNGKey(seed)`, or `key`
+  given as raw key data, which wins); `top_logprobs` alternatives per token (0: none)."""
+  prompt: list[int]
+  max_tokens: int
+  temperature: float = 1.0
+  top_p: float = 1.0
+  seed: int | None = None
+  key: np.ndarray | None = None
+  top_logprobs: int = 0
+
+
+@dataclasses.dataclass
+class Completion:
+  """A request's sample: `tokens` (an EOS included), `logprobs` (behaviour log-probs under
+  the request's temperature, before top-p), `top_logprobs` ([(id, log-prob)] per token,
+  if asked), `finish_reason` ('stop': an EOS; 'length': its budget or the context) and the
+  `policy_version` of the weights that sampled it."""
+  tokens: list[int]
+  logprobs: list[float]
+  top_logprobs: list[list[tuple[int, float]]] | None
+  finish_reason: str
+  policy_version: int
+
+
+def prompt_columns(length: int, budget: int, layout: Layout) -> int:
+  """Columns a prompt of `length` tokens is left-padded to: whole pages, a power of two of
+  them if that leaves room for `budget` new tokens, else the fewest that hold it."""
+  Q = layout.page_size
+  pages = -(-max(length, 1) // Q)
+  bucket = 1 << (pages - 1).bit_length()
+  return (bucket if bucket * Q + budget <= layout.context else pages) * Q
+
+
+class Engine:
+  """Continuous batching for requests that arrive at any time; see the module docstring.
+
+  Args:
+    model: the policy, on one device (no mesh).
+    settings: its `SamplingSettings` (the decode loop's layout, `eos_ids`, `pad_id`; the
+      per-request fields `temperature`, `top_p` and the budget come with each request).
+    layout: slots, context, page size, chunk steps, top log-probs (`slots.Layout`).
+    max_waiting: requests that may wait for a slot; one more raises `QueueFull`.
+    version: the policy version of `model`.
+  """
+
+  def __init__(self, model: models.Model, settings: SamplingSettings, layout: Layout,
+               max_waiting: int = 1024, version: int = 0):
+    if model.mesh is not None:
+      raise ValueError("serving.Engine runs on one device; place the model without a mesh")
+    self.settings, self.layout, self.max_waiting = settings, layout, max_waiting
+    self._model, self.version = model, version
+    self._admit = jax.jit(lambda m, st, *a: slots.admit(m, st, *a, layout, settings),
+                          donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
+    self._chunk = jax.jit(lambda m, st, stop: slots.decode_chunk(m, st, stop, layout, settings),
+                          donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
+    self._state = slots.init_state(model, layout, settings)
+    self._waiting: collections.deque = collections.deque()
+    self._running: dict[int, tuple[Request, concurrent.futures.Future, int]] = {}
+    self._wake = threading.Condition()
+    self._closed = False
+    self.stats = {"chunks": 0, "admitted": 0, "completed": 0, "tokens": 0}
+    self._thread = threading.Thread(target=self._loop, name="serving-engine", daemon=True)
+    self._thread.start()
+
+  # -- the caller's side ------------------------------------------------------------------
+
+  def check(self, request: Request) -> None:
+    """Raises ValueError naming the field if `request` cannot run on this engine."""
+    n, budget, W = len(request.prompt), request.max_tokens, self.layout.context
+    if n < 1:
+      raise ValueError("prompt: expected at least one token")
+    if budget < 1:
+      raise ValueError(f"max_tokens={budget}: expected >= 1")
+    if -(-n // self.layout.page_size) * self.layout.page_size + budget > W:
+      raise ValueError(f"the prompt's {n} tokens and max_tokens={budget} do not fit the "
+                       f"context of {W} tokens (prompts take whole pages of "
+                       f"{self.layout.page_size}): expected a shorter prompt or fewer tokens")
+    if request.temperature < 0 or not 0 < request.top_p <= 1:
+      raise ValueError(f"temperature={request.temperature}, top_p={request.top_p}: expected "
+                       "temperature >= 0 and 0 < top_p <= 1")
+    if not 0 <= request.top_logprobs <= self.layout.top_logprobs:
+      raise ValueError(f"top_logprobs={request.top_logprobs}: expected 0..{self.layout.top_logprobs}")
+
+  def submit(self, request: Request) -> concurrent.futures.Future:
+    """Queues `request`; its future completes with a `Completion` (or the error it met)."""
+    self.check(request)
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    with self._wake:
+      if self._closed:
+        raise RuntimeError("the engine is closed")
+      if len(self._waiting) >= self.max_waiting:
+        raise QueueFull(f"{len(self._waiting)} requests are waiting (max_waiting="
+                        f"{self.max_waiting})")
+      self._waiting.append((request, future))
+      self._wake.notify()
+    return future
+
+  def publish(self, model: models.Model, version: int) -> None:
+    """The weights of every device call from now on: `model` (the policy's `version`).
+    A completion reports the version it was admitted under; one still decoding at a
+    publish takes its later tokens from the new weights (publish between batches, as the
+    trainer does, for completions of one version)."""
+    with self._wake:
+      self._model, self.version = model, version
+
+  @property
+  def busy(self) -> int:
+    """Requests waiting or decoding."""
+    with self._wake:
+      return len(self._waiting) + len(self._running)
+
+  def close(self) -> None:
+    with self._wake:
+      self._closed = True
+      self._wake.notify()
+    self._thread.join()
+    error = RuntimeError("the engine was closed")
+    for _, future in list(self._waiting):
+      future.set_exception(error)
+    for _, future, _ in self._running.values():
+      future.set_exception(error)
+
+  # -- the engine's thread ----------------------------------------------------------------
+
+  def _loop(self) -> None:
+    try:
+      while True:
+        with self._wake:
+          while not self._closed and not self._waiting and not self._running:
+            self._wake.wait()
+          if self._closed:
+            return
+          model, version = self._model, self.version
+          admitted = self._take_waiting()
+        for slot, request, future in admitted:
+          self._start(model, slot, request, future, version)
+        with self._wake:
+          waiting = bool(self._waiting)
+        self._state = self._chunk(model, self._state, jnp.asarray(waiting))
+        self.stats["chunks"] += 1
+        self._deliver()
+    except Exception as e:  # pylint: disable=broad-except
+      with self._wake:
+        self._closed = True
+        pending = list(self._waiting) + [(r, f) for r, f, _ in self._running.values()]
+        self._waiting.clear()
+        self._running.clear()
+      for _, future in pending:
+        if not future.done():
+          future.set_exception(e)
+
+  def _take_waiting(self):
+    free = [m for m in range(self.layout.slots) if m not in self._running]
+    taken = []
+    while free and self._waiting:
+      request, future = self._waiting.popleft()
+      if future.set_running_or_notify_cancel():
+        taken.append((free.pop(0), request, future))
+    return taken
+
+  def _start(self, model, slot: int, request: Request, future, version: int) -> None:
+    cols = prompt_columns(len(request.prompt), request.max_tokens, self.layout)
+    pad = cols - len(request.prompt)
+    tokens = np.asarray([[self.settings.pad_id] * pad + list(request.prompt)], np.int32)
+    mask = np.asarray([[0] * pad + [1] * len(request.prompt)], np.int32)
+    if request.key is not None:
+      key = np.asarray(request.key, np.uint32)
+    else:
+      seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little")
+      key = np.asarray(jax.random.PRNGKey(seed))
+    self._state = self._admit(model, self._state, jnp.int32(slot), tokens, mask, key,
+                              jnp.float32(request.temperature), jnp.float32(request.top_p),
+                              jnp.asarray(request.top_logprobs > 0),
+                              jnp.int32(request.max_tokens))
+    with self._wake:
+      self._running[slot] = (request, future, version)
+    self.stats["admitted"] += 1
+
+  def _deliver(self) -> None:
+    """Completes the futures of the requests that ended."""
+    live = np.asarray(jax.device_get(self._state.live))
+    ended = [m for m in self._running if not live[m]]
+    if not ended:
+      return
+    st = self._state
+    want_top = any(self._running[m][0].top_logprobs for m in ended)
+    tokens, logprobs, lengths, eos, top = jax.device_get(
+        (st.tokens, st.logprobs, st.length, st.ended_eos,
+         (st.top_ids, st.top_logprobs) if want_top else None))
+    for m in ended:
+      with self._wake:
+        request, future, version = self._running.pop(m)
+      n = int(lengths[m])
+      alternatives = None
+      if request.top_logprobs:
+        k = request.top_logprobs
+        alternatives = [list(zip(top[0][m, t, :k].tolist(), top[1][m, t, :k].tolist()))
+                        for t in range(n)]
+      self.stats["completed"] += 1
+      self.stats["tokens"] += n
+      future.set_result(Completion(tokens[m, :n].tolist(), logprobs[m, :n].tolist(),
+                                   alternatives, "stop" if eos[m] else "length", version))

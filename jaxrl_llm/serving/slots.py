@@ -1,0 +1,234 @@
+"""The serving engine's device programs: M decode slots over a paged KV cache, each slot
+holding one request from its admission to its end, requests admitted whenever a slot is
+free (`engine.Engine` drives them from the host).
+
+Layout. Slot m owns the pages [m * PP, (m + 1) * PP) of the pool (PP = context / Q), so its
+block table is fixed and a request never waits for memory. A request's prompt is
+left-padded to a bucket of whole pages and prefilled into the slot's first pages
+(`admit`); its completion follows, one token per decode step (`decode_chunk`), at its own
+position, as in the continuous engine (`sampling.continuous`): attention reads the leading
+pages of every slot's table, as many as the longest live sequence of its group needs, and
+a step runs the smallest of `continuous.batch_sizes` that holds the live slots.
+
+Tokens. A request draws its token of column t from `choose.token_keys(key, t)` with its
+own temperature and top-p (`choose.choose_rows`): what it samples depends on its key, its
+prompt and the weights, not on its slot, its neighbours or when it was admitted; with the
+key of row r of a static-engine call (`choose.request_keys`) and that call's settings, it
+is that row's completion.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxrl_llm import models
+from jaxrl_llm.models import kv_cache
+from jaxrl_llm.sampling import choose, continuous, decode
+from jaxrl_llm.sampling.settings import SamplingSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """The engine's static shapes: `slots` M, `context` tokens per slot (prompt and
+  completion; a multiple of `page_size`), `chunk_steps` decode steps per device call at
+  most, `top_logprobs` the most alternatives per token a request may ask for."""
+  slots: int
+  context: int
+  page_size: int
+  chunk_steps: int
+  top_logprobs: int
+
+  def __post_init__(self):
+    for name in ("slots", "context", "page_size", "chunk_steps"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name}={getattr(self, name)}: expected >= 1")
+    if self.context % self.page_size:
+      raise ValueError(f"context={self.context}: expected a multiple of page_size="
+                       f"{self.page_size}")
+    if not 0 <= self.top_logprobs <= 20:
+      raise ValueError(f"top_logprobs={self.top_logprobs}: expected 0..20")
+
+  @property
+  def pages_per_slot(self) -> int:
+    return self.context // self.page_size
+
+  @property
+  def spare_page(self) -> int:  # written by slots without a request, read by none
+    return self.slots * self.pages_per_slot
+
+
+@struct.dataclass
+class SlotState:
+  """Every slot's request, on the device between calls (donated to each).
+
+  live: bool [M], a request is decoding; ended_eos: bool [M], the last one ended by EOS.
+  length: int32 [M], tokens chosen; budget: int32 [M], its most new tokens.
+  token: int32 [M], the last chosen token (fed by the next step).
+  prompt_cols: int32 [M], columns of its left-padded prompt (the first generated column).
+  position: int32 [M], the position of its first generated token (its prompt's length).
+  keys: its key; temperature, top_p: float32 [M]; want_top: bool [M], records alternatives.
+  mask: int32 [M, W], the columns its attention reads (prompt and fed tokens).
+  tokens, logprobs: [M, W], what it chose; top_ids, top_logprobs: [M, W, TL].
+  """
+  live: jax.Array
+  ended_eos: jax.Array
+  length: jax.Array
+  budget: jax.Array
+  token: jax.Array
+  prompt_cols: jax.Array
+  position: jax.Array
+  keys: jax.Array
+  temperature: jax.Array
+  top_p: jax.Array
+  want_top: jax.Array
+  mask: jax.Array
+  tokens: jax.Array
+  logprobs: jax.Array
+  top_ids: jax.Array
+  top_logprobs: jax.Array
+  pool: dict | tuple
+
+
+def init_state(model: models.Model, layout: Layout, s: SamplingSettings) -> SlotState:
+  """Empty slots and a zeroed pool for `model` (its decode layout: `decode.tuning`)."""
+  M, W, TL = layout.slots, layout.context, max(layout.top_logprobs, 1)
+  pool = kv_cache.init_pages(model.config, layout.spare_page + 1, layout.page_size,
+                             model.config.jnp_dtype, decode.tuning(model).key_layout)
+  if decode.unrolls_layers(s, model):
+    pool = decode.per_layer(pool)
+  zeros = lambda dtype, *shape: jnp.zeros((M,) + shape, dtype)
+  return SlotState(
+      live=zeros(bool), ended_eos=zeros(bool), length=zeros(jnp.int32), budget=zeros(jnp.int32),
+      token=zeros(jnp.int32), prompt_cols=zeros(jnp.int32), position=zeros(jnp.int32),
+      keys=jnp.zeros((M,) + jax.random.PRNGKey(0).shape, jnp.uint32),
+      temperature=jnp.ones((M,), jnp.float32), top_p=jnp.ones((M,), jnp.float32),
+      want_top=zeros(bool), mask=zeros(jnp.int32, W), tokens=jnp.full((M, W), s.pad_id, jnp.int32),
+      logprobs=zeros(jnp.float32, W), top_ids=zeros(jnp.int32, W, TL),
+      top_logprobs=zeros(jnp.float32, W, TL), pool=pool)
+
+
+def _record(st: SlotState, live_M, token_M, logp_M, logp_MV, layout: Layout, s: SamplingSettings):
+  """Writes each live slot's chosen token (and its alternatives) at its next column, and
+  ends the slots whose request is done (EOS or its budget)."""
+  M, W = st.live.shape[0], st.tokens.shape[1]
+  row_M = jnp.where(live_M, jnp.arange(M), M)  # out of range: dropped
+  col_M = st.length
+  st = st.replace(tokens=st.tokens.at[row_M, col_M].set(token_M, mode="drop"),
+                  logprobs=st.logprobs.at[row_M, col_M].set(logp_M, mode="drop"))
+  if layout.top_logprobs:
+    def top(st):
+      lp_MT, ids_MT = jax.lax.top_k(logp_MV, st.top_ids.shape[-1])
+      wanted_M = jnp.where(st.want_top, row_M, M)
+      return st.replace(top_ids=st.top_ids.at[wanted_M, col_M].set(ids_MT, mode="drop"),
+                        top_logprobs=st.top_logprobs.at[wanted_M, col_M].set(lp_MT, mode="drop"))
+    st = jax.lax.cond(jnp.any(live_M & st.want_top), top, lambda st: st, st)
+  length_M = jnp.where(live_M, col_M + 1, col_M)
+  eos_M = live_M & choose.is_eos(token_M, s)
+  done_M = live_M & (eos_M | (length_M >= st.budget) | (st.prompt_cols + length_M >= W))
+  return st.replace(length=length_M, token=jnp.where(live_M, token_M, st.token),
+                    live=st.live & ~done_M, ended_eos=jnp.where(done_M, eos_M, st.ended_eos))
+
+
+def admit(model: models.Model, st: SlotState, slot, tokens_1S, mask_1S, key, temperature,
+          top_p, want_top, budget, layout: Layout, s: SamplingSettings) -> SlotState:
+  """Slot `slot` takes a request: its prompt (left-padded to S, a multiple of the page size)
+  prefilled into the slot's first pages, its first token chosen."""
+  unrolled = isinstance(st.pool, tuple)
+  model, tune = decode.decode_model(model, s, unrolled)
+  S, W = tokens_1S.shape[1], layout.context
+  cache, logits_1V, positions_1S = decode.prefill(model, tokens_1S, mask_1S, tune, unrolled)
+  pool = _put_pages(st.pool, kv_cache.as_pages(cache, layout.page_size),
+                    slot * layout.pages_per_slot)
+  at = lambda x, v: x.at[slot].set(v)
+  st = st.replace(
+      pool=pool, live=at(st.live, True), ended_eos=at(st.ended_eos, False),
+      length=at(st.length, 0), budget=at(st.budget, budget), prompt_cols=at(st.prompt_cols, S),
+      position=at(st.position, positions_1S[0, -1] + 1), keys=at(st.keys, key),
+      temperature=at(st.temperature, temperature), top_p=at(st.top_p, top_p),
+      want_top=at(st.want_top, want_top),
+      mask=at(st.mask, jnp.zeros((W,), jnp.int32).at[:S].set(mask_1S[0])))
+  only_M = jnp.arange(st.live.shape[0]) == slot
+  token_M, logp_M, logp_MV = _choose(jnp.broadcast_to(logits_1V, (st.live.shape[0],) +
+                                                      logits_1V.shape[1:]), st)
+  return _record(st, only_M, token_M, logp_M, logp_MV, layout, s)
+
+
+def _put_pages(pool, pages, first):
+  """`kv_cache.put_pages` at a traced first page."""
+  if isinstance(pool, tuple):
+    return tuple(_put_pages(a, b, first) for a, b in zip(pool, pages))
+  at = lambda x: (jnp.int32(0),) * (x.ndim - 4) + (first, 0, 0, 0)
+  return {name: jax.lax.dynamic_update_slice(x, pages[name].astype(x.dtype), at(x))
+          for name, x in pool.items()}
+
+
+def _choose(logits_MV, st: SlotState):
+  """Every slot's next token from its own key, temperature and top-p."""
+  return choose.choose_rows(logits_MV, choose.token_keys(st.keys, st.length), st.temperature,
+                            st.top_p)
+
+
+def decode_chunk(model: models.Model, st: SlotState, stop_on_end, layout: Layout,
+                 s: SamplingSettings) -> SlotState:
+  """Up to `chunk_steps` decode steps of every live slot; stops early when no slot is live,
+  or, with `stop_on_end` (requests are waiting), when a slot's request has ended."""
+  unrolled = isinstance(st.pool, tuple)
+  model, tune = decode.decode_model(model, s, unrolled)
+
+  def running(carry):
+    k, st, live_at_start = carry
+    ended = jnp.any(live_at_start & ~st.live)
+    return (k < layout.chunk_steps) & jnp.any(st.live) & ~(stop_on_end & ended)
+
+  def step(carry):
+    k, st, live_at_start = carry
+    return k + 1, _decode_step(model, tune, st, layout, s), live_at_start
+
+  _, st, _ = jax.lax.while_loop(running, step, (jnp.int32(0), st, st.live))
+  return st
+
+
+def _decode_step(model, tune, st: SlotState, layout: Layout, s: SamplingSettings) -> SlotState:
+  """Feeds every live slot's last token and chooses its next one."""
+  M, Q, PP = layout.slots, layout.page_size, layout.pages_per_slot
+  live_M = st.live
+  col_M = st.prompt_cols + jnp.maximum(st.length - 1, 0)  # the fed token's column
+  write_page_M = jnp.where(live_M, jnp.arange(M) * PP + col_M // Q, layout.spare_page)
+  table_MP = jnp.arange(M)[:, None] * PP + jnp.arange(PP)[None]
+  positions_M = st.position + jnp.maximum(st.length - 1, 0)
+  pages_M = jnp.where(live_M, col_M // Q + 1, 0)
+  order_M = jnp.argsort(-pages_M, stable=True)  # longest first: groups read about their own
+  sizes = continuous.read_sizes(PP)
+  in_place = not isinstance(st.pool, tuple) and tune.key_layout == "slot_major"
+
+  def run(b: int):
+    def batch(pool):
+      at_b = order_M[:b]
+      groups = continuous._groups(b)  # pylint: disable=protected-access
+      longest_g = jnp.maximum(pages_M[at_b][jnp.asarray([lo for lo, _ in groups])], 1)
+      index = kv_cache.PagedIndex(
+          block_table=table_MP[at_b],
+          read_branch=jnp.searchsorted(jnp.asarray(sizes), longest_g).astype(jnp.int32),
+          read_pages=sizes, groups=groups, pool=pool if in_place else None)
+      cache = kv_cache.pool_layers(model.config.num_layers) if in_place else pool
+      logits_b1V, cache = decode.forward(model, st.token[at_b][:, None],
+                                         positions_M[at_b][:, None], st.mask[at_b], cache,
+                                         index, tune=tune)
+      in_slots = lambda x, axis: jnp.zeros(x.shape[:axis] + (M,) + x.shape[axis + 1:],
+                                           x.dtype).at[(slice(None),) * axis + (at_b,)].set(x)
+      new_kv = jax.tree.map(lambda x: in_slots(x, x.ndim - 4), kv_cache.pending(cache))
+      return in_slots(logits_b1V[:, 0], 0), new_kv
+    return batch
+
+  sizes_b = continuous.batch_sizes(M)
+  live = jnp.sum(live_M, dtype=jnp.int32)
+  logits_MV, (k_new, v_new) = jax.lax.switch(
+      jnp.searchsorted(jnp.asarray(sizes_b), live), [run(b) for b in sizes_b], st.pool)
+  pool = kv_cache.write_pages(st.pool, k_new, v_new, write_page_M, col_M % Q)
+  fed_M = jnp.zeros_like(st.mask).at[jnp.arange(M), col_M].set(live_M.astype(jnp.int32))
+  st = st.replace(pool=pool, mask=st.mask | fed_M)
+  token_M, logp_M, logp_MV = _choose(logits_MV, st)
+  return _record(st, live_M, token_M, logp_M, logp_MV, layout, s)

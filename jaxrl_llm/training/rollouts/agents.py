@@ -1,0 +1,202 @@
+"""Episodes played by agent programs through the policy's own OpenAI-compatible endpoint.
+
+A source with `agent = "path/to/agent.py:run"` (instead of an environment) names
+
+  async def run(client: openai.AsyncOpenAI, record: dict) -> reward | (reward, info)
+
+`AgentPlayer` serves the current policy (`serving.Engine` on this process's first device,
+behind `serving.Server` on a free loopback port), and for every episode opens an episode
+scope on it and runs the program with a client bound to that scope. Up to `env_workers`
+programs run at once, their calls batched by the engine. When a program returns, its
+episode is assembled from the endpoint's log of its calls (`episode_from_calls`): the calls
+that continue one another token-exactly (`serving.backend`) form its trajectory; the
+model's tokens carry the loss with the engine's behaviour log-probs, everything the program
+added between calls (tool results, user turns) is attended to but not imitated. The
+program's reward sits on the last model turn (`reward/env`).
+
+A trajectory is the chain of calls that ends at the program's last call. Calls outside it
+(the program edited its history, or the chat template rewrote earlier turns, so a call's
+prompt does not extend the previous call's tokens) are counted (`env/agent_unchained_calls`)
+and not trained on: a step's batch has one row per episode (docs/agents.md).
+
+An agent that raises follows `on_env_error` ('stop': the run stops naming the agent and the
+record; 'drop': the episode is dropped, `env/dropped`). One that runs past
+`agent_timeout_s` is cancelled and dropped (`env/agent_timeouts`).
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+import uuid
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from jaxrl_llm import envs, import_path, models, sampling, serving
+from jaxrl_llm.config.sources import Source
+from jaxrl_llm.envs import episode as episode_lib
+
+MODEL_NAME = "policy"  # what the episode scope serves (any `model` an agent names is accepted)
+
+
+def load_agent(spec: str, field: str):
+  """The agent program `spec` names ('path.py:run' or 'pkg.module:run'): an async function."""
+  run = import_path.load_function(spec, field=field)
+  if not inspect.iscoroutinefunction(run):
+    raise ValueError(f"{field}={spec!r}: expected an `async def run(client, record)`, got "
+                     f"{type(run).__name__} {getattr(run, '__name__', '')!r}")
+  return run
+
+
+def _raw_key(key) -> np.ndarray:
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  return np.asarray(key)
+
+
+def episode_from_calls(calls: Sequence[serving.Call], end_of_turn: int, eos: int | None,
+                       width: int) -> tuple[episode_lib.Episode, int]:
+  """(the episode of the chain of calls ending at the last call, the calls outside it)."""
+  chain, at = [], (len(calls) - 1, 0)
+  while at is not None:
+    chain.append(at)
+    at = calls[at[0]].extends
+  chain.reverse()
+  first = calls[chain[0][0]]
+  ep = episode_lib.Episode(tools=[dict(t) for t in first.tools] if first.tools else None)
+  ep.append(first.prompt_ids, episode_lib.PROMPT, first.messages)
+  for (c, j), nxt in zip(chain, chain[1:] + [None]):
+    choice = calls[c].choices[j]
+    ep.add_model_turn(choice.tokens, choice.logprobs, choice.text)
+    if nxt is not None:
+      following = calls[nxt[0]]
+      added = following.prompt_ids[len(ep.tokens):]
+      ep.append(added, "+".join(dict.fromkeys(following.added_roles)),
+                following.messages[len(calls[c].messages) + 1:])
+  last = ep.tokens[-1]
+  ep.end("done" if last == end_of_turn else "eos" if last == eos else
+         "max_episode_tokens" if len(ep.tokens) >= width else "max_new_tokens")
+  return ep, len(calls) - len(chain)
+
+
+class AgentPlayer:
+  """Plays batches of one agent source's episodes (see the module docstring); the same
+  interface as `episodes.EpisodePlayer`.
+
+  Args:
+    source: the source (its `env` fields: `agent`, `agent_timeout_s`, `env_workers`,
+      `max_turns` (calls per episode at most), `max_episode_tokens`, `on_env_error`).
+    tokenizer: the policy's tokenizer (its chat template renders the calls).
+    settings: the sampler's settings: every call samples at its temperature and top-p
+      (whatever the program asks), at most `max_new_tokens` per call.
+  """
+
+  def __init__(self, source: Source, tokenizer, settings: sampling.SamplingSettings):
+    self.fields, self.tokenizer = source.env, tokenizer
+    self.run = load_agent(source.env["agent"], f"{source.field}.agent")
+    self.renderer = envs.ChatRenderer(tokenizer)
+    self.end_of_turn, self.eos = self.renderer.end_of_turn_id, tokenizer.eos_token_id
+    self.settings = sampling.SamplingSettings(
+        **{**settings.__dict__, "eos_ids": tuple(sorted({self.end_of_turn, *settings.eos_ids})),
+           "num_samples": 1})
+    self.width = source.env["max_episode_tokens"]
+    Q = settings.page_size
+    self.layout = serving.Layout(slots=min(self.fields["env_workers"], 64),
+                                 context=-(-(self.width + Q) // Q) * Q, page_size=Q,
+                                 chunk_steps=8, top_logprobs=0)
+    self.name = f"agent {source.env['agent']!r}" + (f" of source {source.name!r}"
+                                                    if source.name else "")
+    self.server = self.engine = None
+    self.version, self.counts = 0, {}
+    self.loop = asyncio.new_event_loop()
+    self.thread = threading.Thread(target=self.loop.run_forever, name="agents", daemon=True)
+    self.thread.start()
+
+  def _serve(self, model: models.Model) -> None:
+    if self.engine is None:
+      self.engine = serving.Engine(model, self.settings, self.layout,
+                                   max_waiting=max(1024, 4 * self.fields["env_workers"]))
+      backend = serving.Backend(self.engine, self.tokenizer, MODEL_NAME,
+                                self.settings.max_new_tokens, fixed=self.settings,
+                                episode_tokens=self.width, max_calls=self.fields["max_turns"])
+      self.server = serving.Server(backend)
+    self.version += 1
+    self.engine.publish(model, self.version)
+
+  def play(self, model: models.Model, records: Sequence[dict], indices: Sequence[int],
+           key: jax.Array) -> list[episode_lib.Episode]:
+    """One episode per record (repeat a record for G episodes); episode b's calls draw from
+    fold_in(key, b). `model`: on one device (`episodes.local_model`)."""
+    self._serve(model)
+    jobs = [(dict(r), int(i), _raw_key(jax.random.fold_in(key, b)))
+            for b, (r, i) in enumerate(zip(records, indices))]
+    return asyncio.run_coroutine_threadsafe(self._play_all(jobs), self.loop).result()
+
+  async def _play_all(self, jobs) -> list[episode_lib.Episode]:
+    gate = asyncio.Semaphore(self.fields["env_workers"])
+
+    async def one(job):
+      async with gate:
+        return await self._play_one(*job)
+    return list(await asyncio.gather(*(one(job) for job in jobs)))
+
+  async def _play_one(self, record: dict, index: int, key: np.ndarray) -> episode_lib.Episode:
+    import openai  # pylint: disable=g-import-not-at-top
+    backend, scope = self.server.backend, uuid.uuid4().hex
+    where = f"{self.name}, record {index}"
+    backend.open_episode(scope, key)
+    client = openai.AsyncOpenAI(base_url=self.server.episode_url(scope), api_key="episode",
+                                max_retries=0, timeout=self.fields["agent_timeout_s"])
+    failed = None
+    try:
+      result = await asyncio.wait_for(self.run(client, record), self.fields["agent_timeout_s"])
+      reward, info = _as_outcome(result, where)
+    except asyncio.TimeoutError:
+      failed = "agent_timeouts"
+    except Exception as e:  # pylint: disable=broad-except
+      if self.fields["on_env_error"] == "stop":
+        raise envs.EnvError(f"{where}: the agent raised {type(e).__name__}: "
+                            f"{' '.join(str(e).split())}") from e
+      failed = "agent_errors"
+    finally:
+      await client.close()
+      calls = backend.close_episode(scope)
+    self._count("agent_calls", len(calls))
+    if failed is None and not calls:
+      failed = "agent_no_calls"
+    if failed is not None:
+      self._count(failed)
+      ep = episode_lib.Episode()
+      ep.end("env_error")
+      return ep
+    ep, unchained = episode_from_calls(calls, self.end_of_turn, self.eos, self.width)
+    self._count("agent_unchained_calls", unchained)
+    ep.turn_rewards[-1], ep.turn_infos[-1] = reward, info
+    return ep
+
+  def _count(self, name: str, n: int = 1) -> None:
+    self.counts[name] = self.counts.get(name, 0) + n
+
+  def tool_stats(self) -> dict[str, int]:
+    """The agents' counts since the last call (`env/agent_*`)."""
+    counts, self.counts = self.counts, {}
+    return counts
+
+  def close(self) -> None:
+    if self.server is not None:
+      self.server.close()
+      self.engine.close()
+    self.loop.call_soon_threadsafe(self.loop.stop)
+    self.thread.join(timeout=10)
+
+
+def _as_outcome(result, where: str) -> tuple[float, dict]:
+  """An agent's return value as (reward, info)."""
+  reward, info = result if isinstance(result, tuple) and len(result) == 2 else (result, {})
+  if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+    raise envs.EnvError(f"{where}: the agent returned {result!r}: expected a finite reward "
+                        "or (reward, info)")
+  return float(reward), dict(info or {})
