@@ -228,22 +228,46 @@ class EpisodeArrays:
   turn_rewards: np.ndarray  # float32 [B, width], each step's reward on its turn's last token
 
 
-def episode_arrays(episodes: Sequence[episode_lib.Episode], G: int, width: int,
-                   prompt_buckets: Sequence[int], pad: int, echo: dict[str, float]
-                   ) -> EpisodeArrays:
-  """The batch's arrays of B = P * G episodes (prompt-major): the opening as the prompt
-  [P, S0] (left-padded to a bucket), the rest [B, width] (right-padded) with the loss mask
-  (the model's tokens), attention, behaviour log-probs, echo weights and turn rewards."""
-  B = len(episodes)
-  P = B // G
+def _shared_prefix(rows: Sequence[Sequence[int]]) -> list[int]:
+  n = min(len(r) for r in rows)
+  for i in range(n):
+    if any(r[i] != rows[0][i] for r in rows):
+      return list(rows[0][:i])
+  return list(rows[0][:n])
+
+
+def _openings(episodes, G: int, same_opening: bool) -> list[list[int]]:
+  """Each group's prompt: its episodes' opening (`same_opening`: they must agree), else the
+  tokens every episode of the group starts with."""
   openings = []
-  for p in range(P):
+  for p in range(len(episodes) // G):
     group = [ep for ep in episodes[p * G:(p + 1) * G] if ep.ended != "env_error" or ep.parts]
+    if not same_opening:
+      shared = _shared_prefix([ep.tokens for ep in group]) if group else []
+      if group and not shared:
+        raise envs.EnvError(f"the {G} episodes of record {p} of the batch share no first "
+                            "token: expected a common start (a group shares its prompt)")
+      openings.append(shared)
+      continue
     firsts = [tuple(ep.tokens[:opening_length(ep)]) for ep in group]
     if len(set(firsts)) > 1:
       raise envs.EnvError(f"reset() gave the {G} episodes of a record different openings: "
                           "expected the same for all (a group shares its prompt)")
     openings.append(list(firsts[0]) if firsts else [])
+  return openings
+
+
+def episode_arrays(episodes: Sequence[episode_lib.Episode], G: int, width: int,
+                   prompt_buckets: Sequence[int], pad: int, echo: dict[str, float],
+                   same_opening: bool = True) -> EpisodeArrays:
+  """The batch's arrays of B = P * G episodes (prompt-major): the opening as the prompt
+  [P, S0] (left-padded to a bucket), the rest [B, width] (right-padded) with the loss mask
+  (the model's tokens), attention, behaviour log-probs, echo weights and turn rewards.
+  Without `same_opening` (agent programs, whose episodes' first calls may differ), a group's
+  prompt is what its episodes share, and the rest of each opening is attended, not
+  trained."""
+  B = len(episodes)
+  openings = _openings(episodes, G, same_opening)
   S0 = sampling.bucket_length(max(1, max(len(o) for o in openings)), prompt_buckets)
   prompt_tokens, prompt_mask = sampling.left_pad(openings, S0, pad)
   prompt_mask[:, -1] = 1  # a group dropped at reset still attends to one (pad) token
@@ -252,7 +276,7 @@ def episode_arrays(episodes: Sequence[episode_lib.Episode], G: int, width: int,
       np.zeros(shape, np.int32)
   logprobs, echo_w, turn_rewards = (np.zeros(shape, np.float32) for _ in range(3))
   for b, ep in enumerate(episodes):
-    start = opening_length(ep)
+    start = len(openings[b // G]) if ep.tokens else 0
     rest = ep.tokens[start:]
     if len(rest) > width:
       raise ValueError(f"episode {b} has {len(rest)} tokens after its opening, more than the "

@@ -41,6 +41,7 @@ class EpisodeRollouts:
     self.players = [player_for(s, tokenizer, settings) for s in plan.sources]
     self.width = max(s.env["max_episode_tokens"] for s in plan.sources)
     self.echo = {k: float(v) for k, v in plan.algo.echo.items() if v}
+    self.agents = any(s.env.get("agent") for s in plan.sources)
 
   def start(self, policy, key: jax.Array) -> Rollout:
     """Plays the step's episodes (on this process's first device: `local_model`)."""
@@ -61,7 +62,8 @@ class EpisodeRollouts:
     G, P = self.G, len(batch.records)
     sources = batch.sources if batch.sources is not None else np.zeros(P, np.int32)
     episodes, tool_stats = self._play_sources(model, batch, sources, key)
-    arrays = episode_arrays(episodes, G, self.width, self.buckets, self.pad, self.echo)
+    arrays = episode_arrays(episodes, G, self.width, self.buckets, self.pad, self.echo,
+                            same_opening=not self.agents)
     completions = [last_turn_text(self.tokenizer, ep) for ep in episodes]
     prompts = [p for p in batch.prompts for _ in range(G)]
     scored = self.score_rows(batch, prompts, completions, episode_fields(episodes))
