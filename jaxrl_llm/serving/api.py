@@ -10,6 +10,7 @@ queue is full. A refused request changes nothing: the server goes on answering.
 from __future__ import annotations
 
 import hmac
+import json
 
 import fastapi
 from fastapi import exceptions, responses
@@ -30,6 +31,19 @@ def _validation_message(error: exceptions.RequestValidationError) -> str:
     parts.append(f"{where or 'body'}: {e.get('msg')}" + (
         f" (got {str(e.get('input'))[:60]!r})" if e.get("type") != "json_invalid" else ""))
   return "; ".join(parts)
+
+
+def _answer(request, response: dict):
+  """The response, or with `stream: true` its chunks as server-sent events."""
+  if not request.stream:
+    return response
+  chunks = protocol.stream_chunks(response, request.usage_in_stream())
+
+  async def events():
+    for chunk in chunks:
+      yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"
+  return responses.StreamingResponse(events(), media_type="text/event-stream")
 
 
 def make_app(backend: Backend, api_key: str | None = None) -> fastapi.FastAPI:
@@ -59,14 +73,14 @@ def make_app(backend: Backend, api_key: str | None = None) -> fastapi.FastAPI:
                                         "created": 0, "owned_by": "jaxrl_llm",
                                         "max_model_len": backend.engine.layout.context}]}
 
-  async def chat(body: protocol.ChatRequest, episode: str | None = None):
-    return await backend.chat(body, episode)
+  async def chat(body: protocol.ChatRequest):
+    return _answer(body, await backend.chat(body))
 
   async def complete(body: protocol.CompletionRequest):
-    return await backend.complete(body)
+    return _answer(body, await backend.complete(body))
 
   async def episode_chat(episode: str, body: protocol.ChatRequest):
-    return await backend.chat(body, episode)
+    return _answer(body, await backend.chat(body, episode))
 
   app.get("/v1/models")(models_list)
   app.post("/v1/chat/completions")(chat)

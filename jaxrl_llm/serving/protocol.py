@@ -34,8 +34,12 @@ class _Sampling(_Strict):
   top_p: float = pydantic.Field(1.0, gt=0.0, le=1.0)
   stop: str | list[str] | None = None
   seed: int | None = None
-  stream: Literal[False] = False
+  stream: bool = False
+  stream_options: dict[str, Any] | None = None
   user: str | None = None
+
+  def usage_in_stream(self) -> bool:
+    return bool((self.stream_options or {}).get("include_usage"))
 
   def stops(self) -> list[str]:
     return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -167,6 +171,38 @@ def completion_choice(index: int, text: str, finish_reason: str, ids, logprobs, 
                        "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]}
                                         for e in entries], "text_offset": offsets}
           if with_logprobs else None}
+
+
+def stream_chunks(response: dict, include_usage: bool) -> list[dict]:
+  """A whole response as the chunks of a stream (`stream: true`): per choice its text (and
+  tool calls) in one delta, then its finish reason; the usage last if asked. The answer is
+  sampled whole before the first chunk is sent (the engine returns a completion at its
+  end)."""
+  chat = response["object"] == "chat.completion"
+  head = {"id": response["id"], "object": "chat.completion.chunk" if chat else "text_completion",
+          "created": response["created"], "model": response["model"]}
+  chunks = [dict(head, prompt_token_ids=response["prompt_token_ids"], choices=[
+      {"index": c["index"], "delta": {"role": "assistant", "content": ""},
+       "finish_reason": None} for c in response["choices"]])] if chat else []
+  for c in response["choices"]:
+    if chat:
+      message = c["message"]
+      delta = {"content": message["content"]} if message["content"] else {}
+      if message.get("tool_calls"):
+        delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(message["tool_calls"])]
+      body = {"index": c["index"], "delta": delta, "logprobs": c["logprobs"],
+              "finish_reason": None}
+      last = {"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"],
+              "token_ids": c["token_ids"]}
+    else:
+      body = {"index": c["index"], "text": c["text"], "logprobs": c["logprobs"],
+              "finish_reason": None}
+      last = {"index": c["index"], "text": "", "finish_reason": c["finish_reason"],
+              "token_ids": c["token_ids"]}
+    chunks += [dict(head, choices=[body]), dict(head, choices=[last])]
+  if include_usage:
+    chunks.append(dict(head, choices=[], usage=response["usage"]))
+  return chunks
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
