@@ -224,6 +224,31 @@ def as_pages(cache, page_size: int):
                                                 jnp.swapaxes(v_NKQd, -2, -3))))
 
 
+def from_pages(pages, rows: int):
+  """`as_pages`' inverse: pages (those of `rows` rows, row-major) as a contiguous cache of
+  `rows` rows x (pages per row * Q) slots, in its key layout's buffers."""
+  if isinstance(pages, tuple):
+    return tuple(from_pages(layer, rows) for layer in pages)
+  names = PAGE_LAYOUTS[page_layout(pages)]
+  k, v = pages[names[0]], pages[names[1]]
+  m = k.ndim - 4
+  *lead, N = k.shape[:m + 1]
+  n = N // rows
+
+  def dense(x, token_axis):  # [..., N, a, b, c] with the page's tokens at `token_axis`
+    x = x.reshape(*lead, rows, n, *x.shape[m + 1:])          # [..., P, n, a, b, c]
+    x = jnp.moveaxis(x, m + 1, m + 1 + token_axis)            # n just before the tokens
+    shape = x.shape
+    at = m + 1 + token_axis
+    return x.reshape(*shape[:at], shape[at] * shape[at + 1], *shape[at + 2:])
+
+  if names[0] == "pages_k":  # keys [N, K, Dh, Q], values [N, K, Q, Dh]
+    return {"k": dense(k, 2), "v": dense(v, 1)}
+  # token-major: [N, Q, K, Dh] -> [P, K, S, Dh]
+  to_heads = lambda x: jnp.swapaxes(x, m + 1, m + 2)  # [N, K, Q, Dh]
+  return {"k_sd": dense(to_heads(k), 1), "v": dense(to_heads(v), 1)}
+
+
 def put_pages(pool, pages, first: int = 0):
   """`pool` with `pages` (as made by `as_pages`) written at page ids [first, first + n)."""
   if isinstance(pool, tuple):

@@ -2,10 +2,11 @@
 (`engine`, over the device programs of `slots`) and an OpenAI-compatible HTTP endpoint over
 it (`api`, `server`; `python -m launch.serve`)."""
 from jaxrl_llm.serving import server
-from jaxrl_llm.serving.backend import Backend, Call, Choice, RequestError, load_backend
+from jaxrl_llm.serving.backend import (Backend, Call, Choice, EpisodeLog, RequestError,
+                                       load_backend)
 from jaxrl_llm.serving.engine import Completion, Engine, QueueFull, Request, prompt_columns
 from jaxrl_llm.serving.server import Server
 from jaxrl_llm.serving.slots import Layout
 
-__all__ = ["Backend", "Call", "Choice", "Completion", "Engine", "Layout", "QueueFull", "Request",
+__all__ = ["Backend", "Call", "Choice", "Completion", "Engine", "EpisodeLog", "Layout", "QueueFull", "Request",
            "RequestError", "Server", "load_backend", "prompt_columns", "server"]

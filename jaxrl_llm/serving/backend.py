@@ -58,9 +58,13 @@ class Call:
 
 
 @dataclasses.dataclass
-class _Episode:
+class EpisodeLog:
+  """An episode's calls, and why it was cut, if it was: `ended` 'max_turns' (a call after
+  its `max_calls`) or 'max_episode_tokens' (a call whose prompt left no room), each
+  answered with an empty message (finish reason 'length') and not logged."""
   key: np.ndarray
   calls: list[Call] = dataclasses.field(default_factory=list)
+  ended: str | None = None
 
 
 class Backend:
@@ -75,7 +79,8 @@ class Backend:
       top-p (a trainer's: behaviour log-probs under the loss's temperature), or None.
     episode_tokens: the most tokens of an episode's call, prompt and completion (a
       trainer's row width), or 0 (the engine's context).
-    max_calls: the most calls of an episode (0: any number); one more is refused (400).
+    max_calls: the most calls of an episode (0: any number); one more gets an empty answer
+      and ends it (`EpisodeLog`), as does a call whose prompt fills `episode_tokens`.
 
   An episode's calls may name any `model` (the scope says which model serves them).
   """
@@ -86,7 +91,7 @@ class Backend:
     self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
     self.max_tokens, self.fixed, self.episode_tokens = max_tokens, fixed, episode_tokens
     self.max_calls = max_calls
-    self._episodes: dict[str, _Episode] = {}
+    self._episodes: dict[str, EpisodeLog] = {}
     self._lock = threading.Lock()
 
   # -- episodes -------------------------------------------------------------------------
@@ -95,12 +100,13 @@ class Backend:
     """Starts logging `episode`'s calls; its call c's choice i draws from
     fold_in(fold_in(key, c), i)."""
     with self._lock:
-      self._episodes[episode] = _Episode(np.asarray(key))
+      self._episodes[episode] = EpisodeLog(np.asarray(key))
 
-  def close_episode(self, episode: str) -> list[Call]:
-    """The episode's calls, in order; its log is dropped."""
+  def close_episode(self, episode: str) -> EpisodeLog:
+    """The episode's log (its calls in order); the endpoint forgets it."""
+    self.engine.release(episode)
     with self._lock:
-      return self._episodes.pop(episode).calls
+      return self._episodes.pop(episode)
 
   # -- requests -------------------------------------------------------------------------
 
@@ -109,7 +115,7 @@ class Backend:
     if log is None:
       self._check_model(request.model)
     elif self.max_calls and len(log.calls) >= self.max_calls:
-      raise RequestError(400, f"the episode has made its {self.max_calls} calls (max_turns)")
+      return self._cut(log, "max_turns", request)
     tools = request.tools if request.tool_choice != "none" else None
     renderer = self._renderer(tools)
     messages = protocol.template_messages(request.messages)
@@ -123,8 +129,10 @@ class Backend:
         prompt = renderer.prompt_ids(messages)
       except envs.TemplateError as e:
         raise RequestError(400, str(e)) from e
+    if log is not None and self.episode_tokens and len(prompt) >= self.episode_tokens:
+      return self._cut(log, "max_episode_tokens", request)
     keys = self._keys(log, request, request.n)
-    samples = await self._sample(prompt, request, keys, episode is not None)
+    samples = await self._sample(prompt, request, keys, episode)
     choices = []
     for c in samples:
       text = renderer.decode_turn(c.tokens)
@@ -145,7 +153,7 @@ class Backend:
     self._check_model(request.model)
     prompt = (list(request.prompt) if isinstance(request.prompt, list)
               else list(self.tokenizer.encode(request.prompt, add_special_tokens=False)))
-    samples = await self._sample(prompt, request, self._keys(None, request, request.n), False)
+    samples = await self._sample(prompt, request, self._keys(None, request, request.n), None)
     choices = [protocol.completion_choice(
         i, self.tokenizer.decode(s.tokens, skip_special_tokens=True), s.finish_reason, s.tokens,
         s.logprobs, s.top_logprobs, self.tokenizer, request.logprobs is not None)
@@ -155,12 +163,22 @@ class Backend:
             "choices": choices,
             "usage": protocol.usage(len(prompt), sum(len(s.tokens) for s in samples))}
 
+  def _cut(self, log: EpisodeLog, why: str, request) -> dict:
+    """An episode's call past its limits (`EpisodeLog`): an empty answer, not logged."""
+    log.ended = why
+    empty = {"role": "assistant", "content": "", "tool_calls": None}
+    return {"id": "chatcmpl-cut", "object": "chat.completion", "created": 0,
+            "model": self.model_name, "prompt_token_ids": [],
+            "choices": [protocol.chat_choice(i, empty, "length", [], [], None, self.tokenizer,
+                                             request.logprobs) for i in range(request.n)],
+            "usage": protocol.usage(0, 0)}
+
   def _check_model(self, name: str) -> None:
     if name != self.model_name:
       raise RequestError(404, f"model={name!r}: this server serves {self.model_name!r}",
                          "model_not_found")
 
-  def _episode(self, episode: str | None) -> _Episode | None:
+  def _episode(self, episode: str | None) -> EpisodeLog | None:
     if episode is None:
       return None
     with self._lock:
@@ -175,7 +193,7 @@ class Backend:
     except envs.TemplateError as e:
       raise RequestError(400, str(e)) from e
 
-  def _keys(self, log: _Episode | None, request, n: int) -> list[np.ndarray]:
+  def _keys(self, log: EpisodeLog | None, request, n: int) -> list[np.ndarray]:
     if log is not None:
       base = jax.random.fold_in(log.key, len(log.calls))
     elif request.seed is not None:
@@ -184,9 +202,11 @@ class Backend:
       base = jax.random.PRNGKey(np.random.randint(1 << 31))
     return [np.asarray(jax.random.fold_in(base, i)) for i in range(n)]
 
-  async def _sample(self, prompt: list[int], request, keys, in_episode: bool) -> list[Completion]:
-    """The request's n samples, cut at its stop strings."""
-    limit = self.episode_tokens if in_episode and self.episode_tokens else 0
+  async def _sample(self, prompt: list[int], request, keys, episode: str | None
+                    ) -> list[Completion]:
+    """The request's n samples, cut at its stop strings. An episode's calls are one engine
+    session: a call that continues the previous one reuses its keys and values."""
+    limit = self.episode_tokens if episode is not None and self.episode_tokens else 0
     budget = request.budget() or self.max_tokens
     if self.fixed is not None:
       budget = min(budget, self.fixed.max_new_tokens)
@@ -198,7 +218,8 @@ class Backend:
     temperature = self.fixed.temperature if self.fixed is not None else request.temperature
     top_p = self.fixed.top_p if self.fixed is not None else request.top_p
     engine_requests = [Request(prompt, budget, temperature, top_p, key=k,
-                               top_logprobs=request.alternatives()) for k in keys]
+                               top_logprobs=request.alternatives(), session=episode)
+                       for k in keys]
     try:
       for r in engine_requests:
         self.engine.check(r)

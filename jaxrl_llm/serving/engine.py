@@ -18,6 +18,13 @@ not once per token.
 
 Every program has fixed shapes: one decode chunk, one admission per prompt bucket (whole
 pages, powers of two), so nothing compiles after the buckets have been seen.
+
+Sessions. A request of a `session` leaves its slot holding its sequence when it ends (the
+slot is free for others, the oldest held one taken first). The session's next request
+whose prompt starts with that sequence (prompt and completion) continues it in the same
+slot: only its new tokens are prefilled, after the kept keys and values (`slots.extend`),
+as the turns of an episode are (`sampling.TurnSampler`). Any other request of the session
+is admitted afresh. Publishing weights forgets every held sequence.
 """
 from __future__ import annotations
 
@@ -45,7 +52,8 @@ class QueueFull(RuntimeError):
 class Request:
   """One completion to sample: `prompt` token ids; at most `max_tokens` new tokens;
   `temperature` (0: greedy) and `top_p`; `seed` (its key is `PRNGKey(seed)`, or `key`
-  given as raw key data, which wins); `top_logprobs` alternatives per token (0: none)."""
+  given as raw key data, which wins); `top_logprobs` alternatives per token (0: none);
+  `session`: requests of one conversation (module docstring, "Sessions")."""
   prompt: list[int]
   max_tokens: int
   temperature: float = 1.0
@@ -53,6 +61,7 @@ class Request:
   seed: int | None = None
   key: np.ndarray | None = None
   top_logprobs: int = 0
+  session: str | None = None
 
 
 @dataclasses.dataclass
@@ -97,14 +106,20 @@ class Engine:
     self._model, self.version = model, version
     self._admit = jax.jit(lambda m, st, *a: slots.admit(m, st, *a, layout, settings),
                           donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
+    self._extend = jax.jit(lambda m, st, *a: slots.extend(m, st, *a, layout, settings),
+                           donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
     self._chunk = jax.jit(lambda m, st, stop: slots.decode_chunk(m, st, stop, layout, settings),
                           donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
     self._state = slots.init_state(model, layout, settings)
     self._waiting: collections.deque = collections.deque()
     self._running: dict[int, tuple[Request, concurrent.futures.Future, int]] = {}
+    # Slots holding an ended session request's sequence: slot -> (session, its tokens, the
+    # next free column), oldest first.
+    self._held: dict[int, tuple[str, list[int], int]] = {}
+    self._columns: dict[int, int] = {}  # a running request's prompt columns
     self._wake = threading.Condition()
     self._closed = False
-    self.stats = {"chunks": 0, "admitted": 0, "completed": 0, "tokens": 0}
+    self.stats = {"chunks": 0, "admitted": 0, "extended": 0, "completed": 0, "tokens": 0}
     self._thread = threading.Thread(target=self._loop, name="serving-engine", daemon=True)
     self._thread.start()
 
@@ -148,6 +163,13 @@ class Engine:
     trainer does, for completions of one version)."""
     with self._wake:
       self._model, self.version = model, version
+      self._held.clear()
+
+  def release(self, session: str) -> None:
+    """Forgets the sequence a session's slot holds (the slot stays free for others)."""
+    with self._wake:
+      for m in [m for m, held in self._held.items() if held[0] == session]:
+        del self._held[m]
 
   @property
   def busy(self) -> int:
@@ -196,31 +218,70 @@ class Engine:
           future.set_exception(e)
 
   def _take_waiting(self):
-    free = [m for m in range(self.layout.slots) if m not in self._running]
+    """(slot, request, future) for waiting requests while a slot is free: a session's own
+    held slot, else a slot holding nothing, else the oldest held one."""
     taken = []
-    while free and self._waiting:
+    while self._waiting:
+      free = [m for m in range(self.layout.slots) if m not in self._running
+              and m not in (t[0] for t in taken)]
+      if not free:
+        break
       request, future = self._waiting.popleft()
-      if future.set_running_or_notify_cancel():
-        taken.append((free.pop(0), request, future))
+      if not future.set_running_or_notify_cancel():
+        continue
+      own = [m for m in free if request.session is not None and m in self._held
+             and self._held[m][0] == request.session]
+      empty = [m for m in free if m not in self._held]
+      slot = (own or empty or sorted(free, key=list(self._held).index))[0]
+      taken.append((slot, request, future))
     return taken
 
-  def _start(self, model, slot: int, request: Request, future, version: int) -> None:
-    cols = prompt_columns(len(request.prompt), request.max_tokens, self.layout)
-    pad = cols - len(request.prompt)
-    tokens = np.asarray([[self.settings.pad_id] * pad + list(request.prompt)], np.int32)
-    mask = np.asarray([[0] * pad + [1] * len(request.prompt)], np.int32)
+  def _key(self, request: Request) -> np.ndarray:
     if request.key is not None:
-      key = np.asarray(request.key, np.uint32)
+      return np.asarray(request.key, np.uint32)
+    seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little")
+    return np.asarray(jax.random.PRNGKey(seed))
+
+  def _continuation(self, slot: int, request: Request):
+    """(new tokens, first column) if `slot` holds a sequence `request` continues and its new
+    tokens and budget fit after it, else None."""
+    held = self._held.pop(slot, None)
+    if held is None or held[0] != request.session:
+      return None
+    _, sequence, column = held
+    if request.prompt[:len(sequence)] != sequence:
+      return None
+    new = request.prompt[len(sequence) - 1:]  # the last sampled token was never fed
+    width = 1 << (len(new) - 1).bit_length()
+    if column + width + request.max_tokens > self.layout.context:
+      return None
+    return new, width, column
+
+  def _start(self, model, slot: int, request: Request, future, version: int) -> None:
+    sampling_args = (jnp.float32(request.temperature), jnp.float32(request.top_p),
+                     jnp.asarray(request.top_logprobs > 0), jnp.int32(request.max_tokens))
+    with self._wake:
+      found = self._continuation(slot, request)
+    pad_id = self.settings.pad_id
+    if found is not None:
+      new, width, column = found
+      tokens = np.asarray([[pad_id] * (width - len(new)) + list(new)], np.int32)
+      mask = np.asarray([[0] * (width - len(new)) + [1] * len(new)], np.int32)
+      self._state = self._extend(model, self._state, jnp.int32(slot), tokens, mask,
+                                 self._key(request), *sampling_args)
+      self.stats["extended"] += 1
+      columns = column + width
     else:
-      seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little")
-      key = np.asarray(jax.random.PRNGKey(seed))
-    self._state = self._admit(model, self._state, jnp.int32(slot), tokens, mask, key,
-                              jnp.float32(request.temperature), jnp.float32(request.top_p),
-                              jnp.asarray(request.top_logprobs > 0),
-                              jnp.int32(request.max_tokens))
+      columns = prompt_columns(len(request.prompt), request.max_tokens, self.layout)
+      pad = columns - len(request.prompt)
+      tokens = np.asarray([[pad_id] * pad + list(request.prompt)], np.int32)
+      mask = np.asarray([[0] * pad + [1] * len(request.prompt)], np.int32)
+      self._state = self._admit(model, self._state, jnp.int32(slot), tokens, mask,
+                                self._key(request), *sampling_args)
+      self.stats["admitted"] += 1
     with self._wake:
       self._running[slot] = (request, future, version)
-    self.stats["admitted"] += 1
+      self._columns[slot] = columns
 
   def _deliver(self) -> None:
     """Completes the futures of the requests that ended."""
@@ -234,9 +295,12 @@ class Engine:
         (st.tokens, st.logprobs, st.length, st.ended_eos,
          (st.top_ids, st.top_logprobs) if want_top else None))
     for m in ended:
+      n = int(lengths[m])
       with self._wake:
         request, future, version = self._running.pop(m)
-      n = int(lengths[m])
+        if request.session is not None and n:  # its sequence stays for the session's next
+          self._held[m] = (request.session, list(request.prompt) + tokens[m, :n].tolist(),
+                           self._columns[m] + n - 1)
       alternatives = None
       if request.top_logprobs:
         k = request.top_logprobs

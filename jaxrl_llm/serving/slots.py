@@ -142,18 +142,51 @@ def admit(model: models.Model, st: SlotState, slot, tokens_1S, mask_1S, key, tem
   cache, logits_1V, positions_1S = decode.prefill(model, tokens_1S, mask_1S, tune, unrolled)
   pool = _put_pages(st.pool, kv_cache.as_pages(cache, layout.page_size),
                     slot * layout.pages_per_slot)
+  mask_W = jnp.zeros((W,), jnp.int32).at[:S].set(mask_1S[0])
+  return _take(st.replace(pool=pool), slot, logits_1V, S, positions_1S[0, -1] + 1, mask_W,
+               (key, temperature, top_p, want_top, budget), layout, s)
+
+
+def extend(model: models.Model, st: SlotState, slot, tokens_1C, mask_1C, key, temperature,
+           top_p, want_top, budget, layout: Layout, s: SamplingSettings) -> SlotState:
+  """Slot `slot`, which still holds an ended request's sequence (its prompt and completion,
+  all but the last token fed), takes a request whose prompt continues that sequence: its new
+  tokens (that last token first; left-padded to C) are prefilled after the slot's columns,
+  reading the kept keys and values, and its first token is chosen."""
+  unrolled = isinstance(st.pool, tuple)
+  model, tune = decode.decode_model(model, s, unrolled)
+  C, PP = tokens_1C.shape[1], layout.pages_per_slot
+  fed = jnp.maximum(st.length[slot] - 1, 0)
+  column, base = st.prompt_cols[slot] + fed, st.position[slot] + fed
+  own = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot * PP, PP, x.ndim - 4),
+                     st.pool)
+  mask_1W = jax.lax.dynamic_update_slice(st.mask[slot][None], mask_1C, (0, column))
+  positions_1C = jnp.where(mask_1C > 0, base + jnp.cumsum(mask_1C, axis=1) - 1, 0)
+  hidden_1CD, cache = decode.forward(model, tokens_1C, positions_1C, mask_1W,
+                                     kv_cache.from_pages(own, 1), column, tune=tune,
+                                     return_hidden=True)
+  logits_1V = models.unembed(model, hidden_1CD[:, -1:])[:, 0]
+  pool = _put_pages(st.pool, kv_cache.as_pages(kv_cache.own_part(cache), layout.page_size),
+                    slot * PP)
+  return _take(st.replace(pool=pool), slot, logits_1V, column + C, base + jnp.sum(mask_1C),
+               mask_1W[0], (key, temperature, top_p, want_top, budget), layout, s)
+
+
+def _take(st: SlotState, slot, logits_1V, prompt_cols, position, mask_W, request, layout,
+          s) -> SlotState:
+  """Slot `slot` starts a request whose prompt fills its first `prompt_cols` columns
+  (`mask_W`), its next position `position`: the first token chosen from `logits_1V`."""
+  key, temperature, top_p, want_top, budget = request
   at = lambda x, v: x.at[slot].set(v)
   st = st.replace(
-      pool=pool, live=at(st.live, True), ended_eos=at(st.ended_eos, False),
-      length=at(st.length, 0), budget=at(st.budget, budget), prompt_cols=at(st.prompt_cols, S),
-      position=at(st.position, positions_1S[0, -1] + 1), keys=at(st.keys, key),
+      live=at(st.live, True), ended_eos=at(st.ended_eos, False), length=at(st.length, 0),
+      budget=at(st.budget, budget), prompt_cols=at(st.prompt_cols, prompt_cols),
+      position=at(st.position, position), keys=at(st.keys, key),
       temperature=at(st.temperature, temperature), top_p=at(st.top_p, top_p),
-      want_top=at(st.want_top, want_top),
-      mask=at(st.mask, jnp.zeros((W,), jnp.int32).at[:S].set(mask_1S[0])))
-  only_M = jnp.arange(st.live.shape[0]) == slot
-  token_M, logp_M, logp_MV = _choose(jnp.broadcast_to(logits_1V, (st.live.shape[0],) +
-                                                      logits_1V.shape[1:]), st)
-  return _record(st, only_M, token_M, logp_M, logp_MV, layout, s)
+      want_top=at(st.want_top, want_top), mask=at(st.mask, mask_W))
+  M = st.live.shape[0]
+  token_M, logp_M, logp_MV = _choose(jnp.broadcast_to(logits_1V, (M,) + logits_1V.shape[1:]), st)
+  return _record(st, jnp.arange(M) == slot, token_M, logp_M, logp_MV, layout, s)
 
 
 def _put_pages(pool, pages, first):

@@ -50,6 +50,16 @@ AGENT = textwrap.dedent('''
 
     async def silent(client, record):
       return 1.0
+
+    async def chatty(client, record):
+      """Ten calls, whatever comes back; the reward counts the answers that were sampled."""
+      messages, sampled = [{"role": "user", "content": record["prompt"]}], 0
+      for _ in range(10):
+        response = await client.chat.completions.create(model="x", messages=messages)
+        sampled += bool(response.choices[0].model_extra["token_ids"])
+        messages += [{"role": "assistant", "content": response.choices[0].message.content},
+                     {"role": "user", "content": "more"}]
+      return float(sampled)
 ''')
 # CHAR_TOOL_CHAT_TEMPLATE, but an earlier assistant turn renders as '...' (as Qwen3's drops
 # earlier <think> blocks): the next call's prompt does not extend the previous tokens.
@@ -175,6 +185,18 @@ class AgentEpisodesTest(absltest.TestCase):
       played = player.play(model, [{"prompt": "1+1"}], [0], jax.random.PRNGKey(0))
       self.assertEqual(played[0].ended, "env_error")
       self.assertEqual(player.tool_stats(), {"agent_calls": 0, "agent_no_calls": 1})
+    finally:
+      player.close()
+
+  def test_calls_past_max_turns_are_answered_empty_and_end_the_episode(self):
+    player, model = self.player("chatty", max_turns=2)
+    try:
+      played = player.play(model, [{"prompt": "1+1"}] * 2, [0, 1], jax.random.PRNGKey(0))
+      for ep in played:
+        self.assertEqual(ep.ended, "max_turns")
+        self.assertLessEqual(ep.num_turns, 2)
+        self.assertEqual(ep.turn_rewards[-1], 2.0)  # two calls were sampled, eight cut
+      self.assertEqual(player.tool_stats()["agent_calls"], 4)
     finally:
       player.close()
 

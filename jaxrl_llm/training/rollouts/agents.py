@@ -19,7 +19,10 @@ A trajectory is the chain of calls that ends at the program's last call. Calls o
 prompt does not extend the previous call's tokens) are counted (`env/agent_unchained_calls`)
 and not trained on: a step's batch has one row per episode (docs/agents.md).
 
-An agent that raises follows `on_env_error` ('stop': the run stops naming the agent and the
+A call past `max_turns` calls, or whose prompt leaves no room in `max_episode_tokens`, is
+answered with an empty message (finish reason 'length') and ends the episode there
+(`ended`: 'max_turns', 'max_episode_tokens'), as an environment's episode ends; the program's
+reward still counts. An agent that raises follows `on_env_error` ('stop': the run stops naming the agent and the
 record; 'drop': the episode is dropped, `env/dropped`). One that runs past
 `agent_timeout_s` is cancelled and dropped (`env/agent_timeouts`).
 """
@@ -163,7 +166,8 @@ class AgentPlayer:
       failed = "agent_errors"
     finally:
       await client.close()
-      calls = backend.close_episode(scope)
+      log = backend.close_episode(scope)
+    calls = log.calls
     self._count("agent_calls", len(calls))
     if failed is None and not calls:
       failed = "agent_no_calls"
@@ -173,6 +177,8 @@ class AgentPlayer:
       ep.end("env_error")
       return ep
     ep, unchained = episode_from_calls(calls, self.end_of_turn, self.eos, self.width)
+    if log.ended is not None:  # a call past max_turns or max_episode_tokens ended it
+      ep.ended = log.ended
     self._count("agent_unchained_calls", unchained)
     ep.turn_rewards[-1], ep.turn_infos[-1] = reward, info
     return ep
