@@ -268,6 +268,10 @@ def env_config() -> dict:
       # run at once, max_turns bounds its calls.
       "agent": "",
       "agent_timeout_s": 300.0,  # an agent program running longer is cancelled (dropped)
+      # Training rows per agent episode: 1 = the trajectory of its last call; K > 1 = also
+      # up to K - 1 earlier trajectories (calls that do not continue one another, e.g. under
+      # a template that rewrites earlier turns), each its own row (the batch: P x G x K rows)
+      "agent_samples": 1,
   }
 
 

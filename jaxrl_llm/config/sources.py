@@ -117,6 +117,16 @@ def run_sources(config) -> tuple[Source, ...]:
                for name, s in config.sources.items())
 
 
+def rows_per_prompt(config) -> int:
+  """Training rows of each prompt: its G completions or episodes (`sampling.num_samples`),
+  times the samples an agent program's episode may give (`agent_samples`, one value for
+  the run)."""
+  def samples(source) -> int:  # a bad value counts 1 here (`validate` names it)
+    k = source.env.get("agent_samples", 1)
+    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else 1
+  return config.sampling.num_samples * max(samples(s) for s in run_sources(config))
+
+
 def data_config(config, source: Source):
   """`config.data` with `source`'s data spec and task options in place: what
   `data.load_dataset` reads for it (the prompt settings stay the run's)."""

@@ -126,11 +126,12 @@ def _check_sizes(config) -> None:
       _fail(f"train.{name}", t[name], ">= 0 (0 = never)" if name == "eval_every" else ">= 0")
   if t.peak_flops_per_device < 0:
     _fail("train.peak_flops_per_device", t.peak_flops_per_device, ">= 0 (0 = measure)")
-  B = t.prompts_per_step * s.num_samples
+  B = t.prompts_per_step * sources_lib.rows_per_prompt(config)
   if B % algo.num_minibatches:
     raise ConfigError(f"config.algo.num_minibatches={algo.num_minibatches} does not divide the "
                       f"rollout batch of {B} sequences (train.prompts_per_step x "
-                      "sampling.num_samples): expected a divisor of it")
+                      f"sampling.num_samples{_times_agent_samples(config)}): expected a "
+                      "divisor of it")
   minibatch = B // algo.num_minibatches
   if minibatch % min(t.micro_batch_size, minibatch):
     raise ConfigError(f"config.train.micro_batch_size={t.micro_batch_size} does not divide the "
@@ -190,11 +191,12 @@ def _check_batch_shards(config, devices) -> None:
   axes = dict(rules).get(sh.BATCH) or ()
   axes = (axes,) if isinstance(axes, str) else axes
   shards = math.prod(mesh.shape[a] for a in axes)
-  P, G = config.train.prompts_per_step, config.sampling.num_samples
+  P, G = config.train.prompts_per_step, sources_lib.rows_per_prompt(config)
   sizes = " x ".join(f"{a}={mesh.shape[a]}" for a in axes)
   if (P * G) % shards:
     raise ConfigError(
-        f"config.train.prompts_per_step={P} x config.sampling.num_samples={G} = {P * G} rollout "
+        f"config.train.prompts_per_step={P} x config.sampling.num_samples="
+        f"{config.sampling.num_samples}{_times_agent_samples(config)} = {P * G} rollout "
         f"rows do not split over the {shards} batch shards of the mesh ({sizes}, the axes "
         f"config.mesh.rules maps 'batch' to): expected a multiple of {shards}")
   minibatches = config.algo.num_minibatches
@@ -344,6 +346,14 @@ def _check_envs(config) -> None:
     _one_of(f"{where}.on_env_error", e["on_env_error"], ENV_ERRORS)
     if not isinstance(e["env_args"], dict):
       _fail(f"{where}.env_args", e["env_args"], "a dict of the environment's keyword arguments")
+  samples = {s.env["agent_samples"] for s in run}
+  if len(samples) > 1:
+    raise ConfigError(f"config.sources have agent_samples {sorted(samples)}: expected one value "
+                      "for every source (the rows of each prompt)")
+  for s in multi:
+    if s.env["agent_samples"] != 1 and not s.env["agent"]:
+      _fail(f"{s.field.removeprefix('config.')}.agent_samples", s.env["agent_samples"],
+            "1 without an agent program (an environment's episode is one trajectory)")
   if len(multi) != len(run):
     single = [s.name for s in run if not s.multi_turn]
     raise ConfigError(f"config.sources {single} have no env while others do: expected every "
@@ -366,6 +376,12 @@ def _check_envs(config) -> None:
             "'model' with an environment (a hint before an episode is not supported)")
 
 
+def _times_agent_samples(config) -> str:
+  """' x agent_samples=K' where an agent's episodes give K rows each, else ''."""
+  k = sources_lib.rows_per_prompt(config) // config.sampling.num_samples
+  return f" x agent_samples={k}" if k > 1 else ""
+
+
 def _check_agent(config, source) -> None:
   """An agent program (`agent`): an async function, and what it does not combine with."""
   e, where = source.env, source.field.removeprefix("config.")
@@ -384,6 +400,18 @@ def _check_agent(config, source) -> None:
   if config.sampling.top_k:
     _fail("sampling.top_k", config.sampling.top_k, "0 with an agent program (its endpoint "
           "samples with temperature and top-p)")
+  k = e["agent_samples"]
+  if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    _fail(f"{where}.agent_samples", k, "an integer >= 1")
+  if k > 1:
+    a = source.algo.advantage
+    # An episode's K rows carry its reward K times: group means and population stds are
+    # the episode-level ones; RLOO's leave-one-out and an unbiased std are not.
+    if not a.fn and a.estimator == "rloo":
+      _fail(f"{where}.agent_samples", k, "1 with the rloo estimator (its leave-one-out "
+            "baseline would count an episode's other rows)")
+    if a.std_ddof:
+      _fail(f"{where}.agent_samples", k, "1 with algo.advantage.std_ddof != 0")
 
 
 def _distill_readers(config, teachers=("model",)) -> list[str]:

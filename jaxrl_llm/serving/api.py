@@ -14,6 +14,7 @@ import json
 
 import fastapi
 from fastapi import exceptions, responses
+from starlette import exceptions as starlette_exceptions
 
 from jaxrl_llm.serving import protocol
 from jaxrl_llm.serving.backend import Backend, RequestError
@@ -54,6 +55,12 @@ def make_app(backend: Backend, api_key: str | None = None) -> fastapi.FastAPI:
   @app.exception_handler(exceptions.RequestValidationError)
   async def invalid(_, error):  # malformed JSON, unknown fields, out-of-range values
     return _error(400, _validation_message(error), "invalid_request_error")
+
+  @app.exception_handler(starlette_exceptions.HTTPException)
+  async def http_error(_, error):  # unknown routes and methods, a body that does not parse
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code,
+                                                            "invalid_request_error")
+    return _error(error.status_code, str(error.detail), kind)
 
   @app.exception_handler(RequestError)
   async def refused(_, error: RequestError):

@@ -136,8 +136,8 @@ class Backend:
     choices = []
     for c in samples:
       text = renderer.decode_turn(c.tokens)
-      choices.append(Choice(c.tokens, c.logprobs, text, protocol.assistant_message(text),
-                            c.finish_reason, c.policy_version))
+      choices.append(Choice(c.tokens, c.logprobs, text, protocol.assistant_message(
+          _before_stop(text, request.stops())), c.finish_reason, c.policy_version))
     if log is not None:
       with self._lock:
         log.calls.append(Call(messages, tools, list(prompt), choices, extends, added))
@@ -155,7 +155,8 @@ class Backend:
               else list(self.tokenizer.encode(request.prompt, add_special_tokens=False)))
     samples = await self._sample(prompt, request, self._keys(None, request, request.n), None)
     choices = [protocol.completion_choice(
-        i, self.tokenizer.decode(s.tokens, skip_special_tokens=True), s.finish_reason, s.tokens,
+        i, _before_stop(self.tokenizer.decode(s.tokens, skip_special_tokens=True),
+                        request.stops()), s.finish_reason, s.tokens,
         s.logprobs, s.top_logprobs, self.tokenizer, request.logprobs is not None)
                for i, s in enumerate(samples)]
     return {"id": f"cmpl-{np.random.randint(1 << 62):x}", "object": "text_completion",
@@ -256,6 +257,12 @@ def _continuation(calls: list[Call], messages: list[dict], tools, renderer):
     return (last.prompt_ids + choice.tokens + suffix, (len(calls) - 1, j),
             tuple(m["role"] for m in added))
   return None
+
+
+def _before_stop(text: str, stops: list[str]) -> str:
+  """`text` up to the first of `stops` (which OpenAI's answers leave out)."""
+  at = [text.find(s) for s in stops if s in text]
+  return text[:min(at)] if at else text
 
 
 def _cut_at_stop(tokenizer, sample: Completion, stops: list[str]) -> Completion:

@@ -130,6 +130,10 @@ class Engine:
     n, budget, W = len(request.prompt), request.max_tokens, self.layout.context
     if n < 1:
       raise ValueError("prompt: expected at least one token")
+    V = self._model.config.vocab_size
+    bad = [t for t in request.prompt if not 0 <= t < V]
+    if bad:
+      raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary [0, {V})")
     if budget < 1:
       raise ValueError(f"max_tokens={budget}: expected >= 1")
     if -(-n // self.layout.page_size) * self.layout.page_size + budget > W:
@@ -178,15 +182,18 @@ class Engine:
       return len(self._waiting) + len(self._running)
 
   def close(self) -> None:
+    """Stops the engine; requests still waiting or decoding fail (idempotent)."""
     with self._wake:
       self._closed = True
       self._wake.notify()
     self._thread.join()
-    error = RuntimeError("the engine was closed")
-    for _, future in list(self._waiting):
-      future.set_exception(error)
-    for _, future, _ in self._running.values():
-      future.set_exception(error)
+    with self._wake:
+      pending = [f for _, f in self._waiting] + [f for _, f, _ in self._running.values()]
+      self._waiting.clear()
+      self._running.clear()
+    for future in pending:
+      if not future.done():
+        future.set_exception(RuntimeError("the engine was closed"))
 
   # -- the engine's thread ----------------------------------------------------------------
 

@@ -138,7 +138,7 @@ def _prepare(config, plan, setup, state, rollout):
   """(state, arrays, batch, metrics): the rollout's arrays placed on the mesh, then the
   old, reference and teacher log-probs, values and advantages (`programs.prepare`),
   waited for; the state takes the step's new baselines."""
-  arrays = prepare.batch_arrays(rollout, config.sampling.num_samples,
+  arrays = prepare.batch_arrays(rollout, plan.rows_per_prompt,
                                 plan.algo.overlong.mask_truncated)
   batch, metrics, baselines = setup.programs.prepare(
       prepare.place_batch(arrays, setup.models.mesh, setup.models.rules),
@@ -198,7 +198,7 @@ def _step_row(config, plan, setup, rollout, arrays, update_metrics, times, done:
     row.update(extra)
   teacher = setup.models.teacher
   row.update(flops.throughput(setup.models.policy.config, plan, rollout, arrays, times,
-                              config.sampling.num_samples, config.sampling.max_new_tokens, peak,
+                              plan.rows_per_prompt, config.sampling.max_new_tokens, peak,
                               teacher_config=None if teacher is None else teacher.config))
   row.update(lr=float(setup.schedule(done * plan.updates_per_step - 1)),
              reward_time_s=times["reward"], data_position=rollout.position)

@@ -43,6 +43,8 @@ class Plan:
     max_async_level: rollouts sampled up to this many updates ahead (0: synchronous).
     rollout_devices: devices of the sampler's own mesh (0: it shares the trainer's).
     updates_per_step: optimizer updates per step (passes x minibatches).
+    rows_per_prompt: training rows of each prompt: G, times an agent episode's samples
+      (`sources.rows_per_prompt`).
   """
   algo: Any
   reference: bool
@@ -58,6 +60,12 @@ class Plan:
   max_async_level: int
   rollout_devices: int
   updates_per_step: int
+  rows_per_prompt: int = 1
+
+  @property
+  def samples_per_episode(self) -> int:
+    """Rows of each episode (or completion): `agent_samples`, else 1."""
+    return max(int(s.env.get("agent_samples", 1)) for s in self.sources)
 
   def describe(self) -> str:
     """One line per decision, for the start of a run's log."""
@@ -141,4 +149,5 @@ def make_plan(config) -> Plan:
       corrects_behaviour=sampled and old_logp == "recompute",
       max_async_level=int(algo.max_async_level),
       rollout_devices=int(config.mesh.rollout_devices),
-      updates_per_step=algo.num_iterations * algo.num_minibatches)
+      updates_per_step=algo.num_iterations * algo.num_minibatches,
+      rows_per_prompt=sources_lib.rows_per_prompt(config))

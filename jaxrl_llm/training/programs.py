@@ -69,7 +69,7 @@ def compile_programs(config, plan: Plan, trained_models, optimizer, layout) -> P
   """Jits every program of a step for `trained_models` (a `setup.Models`) and `layout`."""
   t, s, algo = config.train, config.sampling, plan.algo
   mesh, rules = trained_models.mesh, trained_models.rules
-  B = t.prompts_per_step * s.num_samples
+  B = t.prompts_per_step * plan.rows_per_prompt
   placed = lambda model: None if model is None else model.replace(
       params=jax.tree.map(lambda x: x.sharding, model.params))
   state_shardings = state_lib.shardings_of(layout)
@@ -88,7 +88,8 @@ def compile_programs(config, plan: Plan, trained_models, optimizer, layout) -> P
   policy, reference, value, teacher = m.policy, m.reference, m.value, m.teacher
   return Programs(
       prepare=jax.jit(functools.partial(prepare.prepare_batch, plan=plan,
-                                        num_samples=s.num_samples, temperature=s.temperature,
+                                        num_samples=plan.rows_per_prompt,
+                                        temperature=s.temperature,
                                         chunk_size=t.logprob_chunk_size,
                                         num_micro=B // micro_rows),
                       in_shardings=(rows, placed(policy), placed(reference), placed(value),

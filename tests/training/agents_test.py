@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 
+from jaxrl_llm import config as config_lib
 from jaxrl_llm import data, envs, models, sampling, serving
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.training import prepare, steps
@@ -123,7 +124,7 @@ class AgentEpisodesTest(absltest.TestCase):
       self.assertEqual(row["messages"][2], {"role": "user", "content": "and?"})
     rewards = rollout.stats.rewards.per_function["env"]
     np.testing.assert_allclose(rewards, [0.5 * r["num_turns"] for r in rows])
-    self.assertEqual(rollout.stats.episodes.tool_stats["agent_unchained_calls"].sum(), 0)
+    self.assertEqual(rollout.stats.episodes.tool_stats["agent_untrained_calls"].sum(), 0)
     self.assertEqual(rollout.stats.episodes.tool_stats["agent_calls"].sum(),
                      sum(r["num_turns"] for r in rows))
 
@@ -144,8 +145,35 @@ class AgentEpisodesTest(absltest.TestCase):
     self.assertNotEmpty(second, "the test needs episodes of two calls")
     tokenizer = data.load_tokenizer(self.rewriting_dir)
     self.assertIn("A:...<eos> U:and?", tokenizer.decode(second[0]["tokens"]))
-    unchained = rollout.stats.episodes.tool_stats["agent_unchained_calls"].sum()
+    unchained = rollout.stats.episodes.tool_stats["agent_untrained_calls"].sum()
     self.assertEqual(unchained, len(second))
+
+  def test_with_agent_samples_each_trajectory_is_its_own_row_with_the_episodes_reward(self):
+    cfg = self.config(self.rewriting_dir, agent_samples=2)
+    rollout, setup, start = first_rollout(cfg)
+    arrays = prepare.batch_arrays(rollout, 8, False)  # G = 4 episodes x K = 2 rows
+    self.assertEqual(arrays.tokens.shape[0], 4 * 8)
+    model = setup.models.policy.replace(params=start.state.policy_params)
+    logp, _ = steps.completion_logp(model, arrays, temperature=cfg.sampling.temperature,
+                                    chunk_size=cfg.train.logprob_chunk_size)
+    mask = arrays.loss_mask > 0
+    np.testing.assert_allclose(np.asarray(logp)[mask], arrays.sampler_logp[mask], atol=1e-5)
+    rows = rollout.episodes.rows
+    rewards = rollout.rewards.reshape(-1, 2)
+    np.testing.assert_array_equal(rewards[:, 0], rewards[:, 1])  # an episode's two rows
+    firsts, lasts = rows[0::2], rows[1::2]
+    split = [(a, b) for a, b in zip(firsts, lasts) if a["tokens"]]
+    self.assertNotEmpty(split, "the test needs episodes of two calls")
+    for a, b in split:  # the first call's own sample, then the second call's
+      self.assertEqual(a["messages"][-1]["role"], "assistant")
+      self.assertEqual(b["messages"][-2], {"role": "user", "content": "and?"})
+      self.assertEqual(rewards[rows.index(b) // 2, 0], 1.0)  # 0.5 x two answers
+    for a, b in zip(firsts, lasts):
+      if not a["tokens"]:  # one call: an empty first row, no loss
+        self.assertFalse(arrays.loss_mask[rows.index(a)].any())
+    stats = rollout.stats.episodes.tool_stats
+    self.assertEqual(stats["agent_untrained_calls"].sum(), 0)
+    self.assertEqual(stats["agent_samples"].sum(), stats["agent_calls"].sum())
 
   def player(self, program, **fields):
     cfg = self.config(self.model_dir, program, **fields)
@@ -220,6 +248,55 @@ class AgentEpisodesTest(absltest.TestCase):
     fresh = serving.Call(user, None, [8, 8, 8], [choice([4], "c")])  # rendered whole: cut
     ep, unchained = agents.episode_from_calls([first, chained, fresh], 3, None, 64)
     self.assertEqual((ep.tokens, unchained, ep.ended), ([8, 8, 8, 4], 2, "max_new_tokens"))
+
+
+class AgentConfigTest(absltest.TestCase):
+  """What `validate` refuses of an agent source, one line naming the field."""
+
+  def refused(self, message, **fields):
+    cfg = config_lib.preset("grpo")
+    cfg.data.agent = "jaxrl_llm.envs.calculator_agent:run"
+    for path, value in fields.items():
+      section, key = path.split("__")
+      cfg[section][key] = value
+    with self.assertRaises(config_lib.ConfigError) as caught:
+      config_lib.validate(cfg)
+    self.assertIn(message, str(caught.exception))
+
+  def test_refusals(self):
+    config_lib.validate(_agent_preset())
+    self.refused("config.data.agent='jaxrl_llm.envs.calculator_agent:run': expected '' while "
+                 "data.env='jaxrl_llm.envs.calculator:CalculatorEnv' is set",
+                 data__env="jaxrl_llm.envs.calculator:CalculatorEnv")
+    self.refused("config.data.agent='jaxrl_llm.envs.calculator_agent:calc': expected an "
+                 "`async def run(client, record)`", data__agent="jaxrl_llm.envs.calculator_agent:calc")
+    self.refused("config.data.agent_timeout_s=0.0: expected a positive number",
+                 data__agent_timeout_s=0)
+    self.refused("config.sampling.top_k=20: expected 0 with an agent program", sampling__top_k=20)
+    self.refused("config.data.agent_samples=2: expected 1 with the rloo estimator",
+                 data__agent_samples=2, algo__advantage=dict(_advantage(), estimator="rloo"))
+    self.refused("config.data.agent_samples=0: expected an integer >= 1", data__agent_samples=0)
+
+  def test_agent_samples_need_an_agent_and_multiply_the_rows(self):
+    cfg = config_lib.preset("grpo")
+    cfg.data.env = "jaxrl_llm.envs.calculator:CalculatorEnv"
+    cfg.data.agent_samples = 2
+    with self.assertRaisesRegex(config_lib.ConfigError, "agent_samples=2: expected 1 without an "
+                                "agent program"):
+      config_lib.validate(cfg)
+    cfg = _agent_preset()
+    cfg.data.agent_samples = 3
+    self.assertEqual(sources_lib.rows_per_prompt(cfg), 3 * cfg.sampling.num_samples)
+
+
+def _agent_preset():
+  cfg = config_lib.preset("grpo")
+  cfg.data.agent = "jaxrl_llm.envs.calculator_agent:run"
+  return cfg
+
+
+def _advantage():
+  return config_lib.preset("grpo").algo.advantage.to_dict()
 
 
 class AgentCliTest(absltest.TestCase):

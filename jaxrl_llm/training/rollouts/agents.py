@@ -8,16 +8,18 @@ A source with `agent = "path/to/agent.py:run"` (instead of an environment) names
 behind `serving.Server` on a free loopback port), and for every episode opens an episode
 scope on it and runs the program with a client bound to that scope. Up to `env_workers`
 programs run at once, their calls batched by the engine. When a program returns, its
-episode is assembled from the endpoint's log of its calls (`episode_from_calls`): the calls
-that continue one another token-exactly (`serving.backend`) form its trajectory; the
-model's tokens carry the loss with the engine's behaviour log-probs, everything the program
-added between calls (tool results, user turns) is attended to but not imitated. The
-program's reward sits on the last model turn (`reward/env`).
+episode is assembled from the endpoint's log of its calls (`episode_samples`): the calls
+that continue one another token-exactly (`serving.backend`) form a trajectory; the model's
+tokens carry the loss with the engine's behaviour log-probs, everything the program added
+between calls (tool results, user turns) is attended to but not imitated. The program's
+reward sits on the last model turn (`reward/env`).
 
-A trajectory is the chain of calls that ends at the program's last call. Calls outside it
-(the program edited its history, or the chat template rewrote earlier turns, so a call's
-prompt does not extend the previous call's tokens) are counted (`env/agent_unchained_calls`)
-and not trained on: a step's batch has one row per episode (docs/agents.md).
+The episode's trajectory is the chain of calls that ends at its last call. A call that does
+not continue the previous one (the program edited its history, or the chat template
+rewrites earlier turns) starts another: with `agent_samples` K > 1 the episode gives up
+to K trajectories, each its own row with the episode's reward (the batch has P x G x K
+rows, an episode's missing ones empty); calls in none are counted
+(`env/agent_untrained_calls`), the rows trained in `env/agent_samples` (docs/agents.md).
 
 A call past `max_turns` calls, or whose prompt leaves no room in `max_episode_tokens`, is
 answered with an empty message (finish reason 'length') and ends the episode there
@@ -60,14 +62,20 @@ def _raw_key(key) -> np.ndarray:
   return np.asarray(key)
 
 
-def episode_from_calls(calls: Sequence[serving.Call], end_of_turn: int, eos: int | None,
-                       width: int) -> tuple[episode_lib.Episode, int]:
-  """(the episode of the chain of calls ending at the last call, the calls outside it)."""
-  chain, at = [], (len(calls) - 1, 0)
-  while at is not None:
+def _chain(calls: Sequence[serving.Call], last: int, taken: set) -> list[tuple[int, int]]:
+  """The (call, choice) links that call `last` continues, back to the first, or to a call
+  already in a trajectory (`taken`), oldest first."""
+  chain, at = [], (last, 0)
+  while at is not None and at[0] not in taken:
     chain.append(at)
     at = calls[at[0]].extends
-  chain.reverse()
+  return chain[::-1]
+
+
+def _episode(calls: Sequence[serving.Call], chain, end_of_turn: int, eos: int | None,
+             width: int) -> episode_lib.Episode:
+  """The trajectory of `chain`: its first call's prompt, then each answer and what the next
+  call added after it."""
   first = calls[chain[0][0]]
   ep = episode_lib.Episode(tools=[dict(t) for t in first.tools] if first.tools else None)
   ep.append(first.prompt_ids, episode_lib.PROMPT, first.messages)
@@ -76,13 +84,39 @@ def episode_from_calls(calls: Sequence[serving.Call], end_of_turn: int, eos: int
     ep.add_model_turn(choice.tokens, choice.logprobs, choice.text)
     if nxt is not None:
       following = calls[nxt[0]]
-      added = following.prompt_ids[len(ep.tokens):]
-      ep.append(added, "+".join(dict.fromkeys(following.added_roles)),
+      ep.append(following.prompt_ids[len(ep.tokens):],
+                "+".join(dict.fromkeys(following.added_roles)),
                 following.messages[len(calls[c].messages) + 1:])
   last = ep.tokens[-1]
   ep.end("done" if last == end_of_turn else "eos" if last == eos else
          "max_episode_tokens" if len(ep.tokens) >= width else "max_new_tokens")
-  return ep, len(calls) - len(chain)
+  return ep
+
+
+def episode_samples(calls: Sequence[serving.Call], end_of_turn: int, eos: int | None,
+                    width: int, most: int = 1) -> tuple[list[episode_lib.Episode], int]:
+  """(an episode's trajectories, oldest first, at most `most`; its calls in none of them).
+
+  The last is the chain of calls that ends at the last call; the others end at the latest
+  call not yet in one, each back to its first call or to a call already taken."""
+  taken: set = set()
+  chains = []
+  for last in range(len(calls) - 1, -1, -1):
+    if len(chains) == most:
+      break
+    if last not in taken:
+      chain = _chain(calls, last, taken)
+      taken.update(c for c, _ in chain)
+      chains.append(chain)
+  return ([_episode(calls, chain, end_of_turn, eos, width) for chain in chains[::-1]],
+          len(calls) - len(taken))
+
+
+def episode_from_calls(calls: Sequence[serving.Call], end_of_turn: int, eos: int | None,
+                       width: int) -> tuple[episode_lib.Episode, int]:
+  """(the trajectory that ends at the last call, the calls outside it)."""
+  samples, untrained = episode_samples(calls, end_of_turn, eos, width)
+  return samples[0], untrained
 
 
 class AgentPlayer:
@@ -131,14 +165,22 @@ class AgentPlayer:
 
   def play(self, model: models.Model, records: Sequence[dict], indices: Sequence[int],
            key: jax.Array) -> list[episode_lib.Episode]:
-    """One episode per record (repeat a record for G episodes); episode b's calls draw from
-    fold_in(key, b). `model`: on one device (`episodes.local_model`)."""
+    """One episode per record (repeat a record for G episodes), as the trajectory of its
+    last call; episode b's calls draw from fold_in(key, b). `model`: on one device
+    (`episodes.local_model`)."""
+    return [samples[-1] for samples in self.play_samples(model, records, indices, key, 1)]
+
+  def play_samples(self, model: models.Model, records: Sequence[dict],
+                   indices: Sequence[int], key: jax.Array, most: int
+                   ) -> list[list[episode_lib.Episode]]:
+    """`play`, each episode as up to `most` trajectories, oldest first (`episode_samples`);
+    the last carries the reward."""
     self._serve(model)
-    jobs = [(dict(r), int(i), _raw_key(jax.random.fold_in(key, b)))
+    jobs = [(dict(r), int(i), _raw_key(jax.random.fold_in(key, b)), most)
             for b, (r, i) in enumerate(zip(records, indices))]
     return asyncio.run_coroutine_threadsafe(self._play_all(jobs), self.loop).result()
 
-  async def _play_all(self, jobs) -> list[episode_lib.Episode]:
+  async def _play_all(self, jobs) -> list[list[episode_lib.Episode]]:
     gate = asyncio.Semaphore(self.fields["env_workers"])
 
     async def one(job):
@@ -146,7 +188,8 @@ class AgentPlayer:
         return await self._play_one(*job)
     return list(await asyncio.gather(*(one(job) for job in jobs)))
 
-  async def _play_one(self, record: dict, index: int, key: np.ndarray) -> episode_lib.Episode:
+  async def _play_one(self, record: dict, index: int, key: np.ndarray, most: int
+                      ) -> list[episode_lib.Episode]:
     import openai  # pylint: disable=g-import-not-at-top
     backend, scope = self.server.backend, uuid.uuid4().hex
     where = f"{self.name}, record {index}"
@@ -175,13 +218,15 @@ class AgentPlayer:
       self._count(failed)
       ep = episode_lib.Episode()
       ep.end("env_error")
-      return ep
-    ep, unchained = episode_from_calls(calls, self.end_of_turn, self.eos, self.width)
+      return [ep]
+    samples, untrained = episode_samples(calls, self.end_of_turn, self.eos, self.width, most)
+    ep = samples[-1]
     if log.ended is not None:  # a call past max_turns or max_episode_tokens ended it
       ep.ended = log.ended
-    self._count("agent_unchained_calls", unchained)
+    self._count("agent_samples", len(samples))
+    self._count("agent_untrained_calls", untrained)
     ep.turn_rewards[-1], ep.turn_infos[-1] = reward, info
-    return ep
+    return samples
 
   def _count(self, name: str, n: int = 1) -> None:
     self.counts[name] = self.counts.get(name, 0) + n

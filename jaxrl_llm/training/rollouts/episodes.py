@@ -241,7 +241,7 @@ def _openings(episodes, G: int, same_opening: bool) -> list[list[int]]:
   tokens every episode of the group starts with."""
   openings = []
   for p in range(len(episodes) // G):
-    group = [ep for ep in episodes[p * G:(p + 1) * G] if ep.ended != "env_error" or ep.parts]
+    group = [ep for ep in episodes[p * G:(p + 1) * G] if ep.tokens]
     if not same_opening:
       shared = _shared_prefix([ep.tokens for ep in group]) if group else []
       if group and not shared:

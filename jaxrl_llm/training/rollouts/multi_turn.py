@@ -42,6 +42,7 @@ class EpisodeRollouts:
     self.width = max(s.env["max_episode_tokens"] for s in plan.sources)
     self.echo = {k: float(v) for k, v in plan.algo.echo.items() if v}
     self.agents = any(s.env.get("agent") for s in plan.sources)
+    self.K = plan.samples_per_episode
 
   def start(self, policy, key: jax.Array) -> Rollout:
     """Plays the step's episodes (on this process's first device: `local_model`)."""
@@ -58,15 +59,19 @@ class EpisodeRollouts:
       player.close()
 
   def play(self, model: models.Model, batch: data.RecordBatch, key: jax.Array) -> Rollout:
-    """The rollout of `batch`: G episodes per record, scored and laid out for training."""
-    G, P = self.G, len(batch.records)
+    """The rollout of `batch`: G episodes per record, scored and laid out for training (K
+    rows each with an agent's `agent_samples` K: its trajectories, the missing ones empty,
+    every row with its episode's reward)."""
+    G, K, P = self.G, self.K, len(batch.records)
     sources = batch.sources if batch.sources is not None else np.zeros(P, np.int32)
-    episodes, tool_stats = self._play_sources(model, batch, sources, key)
-    arrays = episode_arrays(episodes, G, self.width, self.buckets, self.pad, self.echo,
+    samples, tool_stats = self._play_sources(model, batch, sources, key)
+    episodes = [s[-1] for s in samples]
+    rows = [ep for s in samples for ep in _padded(s, K)]
+    arrays = episode_arrays(rows, G * K, self.width, self.buckets, self.pad, self.echo,
                             same_opening=not self.agents)
-    completions = [last_turn_text(self.tokenizer, ep) for ep in episodes]
     prompts = [p for p in batch.prompts for _ in range(G)]
-    scored = self.score_rows(batch, prompts, completions, episode_fields(episodes))
+    scored = self.score_rows(batch, prompts, [last_turn_text(self.tokenizer, ep)
+                                              for ep in episodes], episode_fields(episodes))
     env_reward = env_rewards(episodes)
     dropped = np.asarray([ep.ended == "env_error" for ep in episodes])
     total = np.where(dropped, 0.0, scored.total + env_reward).astype(np.float32)
@@ -74,49 +79,59 @@ class EpisodeRollouts:
     lengths = arrays.attention.sum(axis=1).astype(np.int32)
     truncated = np.asarray([ep.ended in ("max_new_tokens", "max_episode_tokens")
                             for ep in episodes])
+    per_row = lambda x: np.repeat(np.asarray(x), K, axis=0)
     stats = RolloutStats(
-        lengths=lengths, truncated=truncated, truncated_prompts=np.asarray([0]),
+        lengths=lengths, truncated=per_row(truncated), truncated_prompts=np.asarray([0]),
         rewards=RewardStats(
-            per_function=dict(scored.per_function, env=env_reward), total=total, shaped=total,
-            group_valid=group_valid,
+            per_function={k: per_row(v) for k, v in dict(scored.per_function,
+                                                          env=env_reward).items()},
+            total=per_row(total), shaped=per_row(total), group_valid=group_valid,
             informative=np.asarray(objectives.dynamic_sampling_keep(total.reshape(P, G))),
-            sources=np.repeat(sources, G).astype(np.int32), rounds=np.asarray([1])),
+            sources=np.repeat(sources, G * K).astype(np.int32), rounds=np.asarray([1])),
         episodes=EpisodeStats(
-            turns=np.asarray([ep.num_turns for ep in episodes]),
+            turns=np.asarray([ep.num_turns for ep in rows]),
             model_tokens=arrays.mask.sum(axis=1),
-            ended=np.asarray([episode_lib.ENDINGS.index(ep.ended) for ep in episodes], np.int32),
-            dropped=dropped, tool_stats={k: np.asarray([v]) for k, v in tool_stats.items()}))
+            ended=per_row([episode_lib.ENDINGS.index(ep.ended) for ep in episodes]).astype(np.int32),
+            dropped=per_row(dropped), tool_stats={k: np.asarray([v]) for k, v in tool_stats.items()}))
     return Rollout(
         prompt_tokens=arrays.prompt_tokens, prompt_mask=arrays.prompt_mask,
         tokens=arrays.tokens, mask=arrays.mask, logprobs=arrays.logprobs, lengths=lengths,
-        truncated=truncated, rewards=total, group_valid=group_valid,
+        truncated=per_row(truncated), rewards=per_row(total), group_valid=group_valid,
         metrics={"reward_time_s": 0.0}, position=batch.position + 1, prompts=batch.prompts,
-        completions=completions, stats=stats,
+        completions=[last_turn_text(self.tokenizer, ep) for ep in rows], stats=stats,
         mixed=None if batch.sources is None else Mixed(batch.sources.astype(np.int32),
                                                        batch.source_positions),
-        episodes=EpisodeParts(arrays.attention, [ep.as_row() for ep in episodes],
+        episodes=EpisodeParts(arrays.attention, [ep.as_row() for ep in rows],
                               echo_weights=arrays.echo_weights if self.echo else None,
                               turn_rewards=arrays.turn_rewards))
 
   def _play_sources(self, model, batch: data.RecordBatch, sources: np.ndarray, key: jax.Array):
-    """(the B episodes, prompt-major; the tool-call counts): each source's records played
-    by its player, from fold_in(key, source index)."""
+    """(each of the B episodes' trajectories, prompt-major (one, or an agent's up to K); the
+    tool-call counts): each source's records played by its player, from
+    fold_in(key, source index)."""
     G = self.G
-    episodes: list = [None] * (len(batch.records) * G)
+    samples: list = [None] * (len(batch.records) * G)
     tool_stats: dict[str, int] = {}
     for i, player in enumerate(self.players):
       prompts = np.flatnonzero(sources == i)
       if not prompts.size:
         continue
       rows = [p * G + g for p in prompts for g in range(G)]
-      played = player.play(model, [batch.records[p] for p in prompts for _ in range(G)],
-                           [batch.indices[p] for p in prompts for _ in range(G)],
-                           jax.random.fold_in(key, i))
-      for r, ep in zip(rows, played):
-        episodes[r] = ep
+      args = (model, [batch.records[p] for p in prompts for _ in range(G)],
+              [batch.indices[p] for p in prompts for _ in range(G)], jax.random.fold_in(key, i))
+      played = (player.play_samples(*args, self.K) if self.K > 1
+                else [[ep] for ep in player.play(*args)])
+      for r, s in zip(rows, played):
+        samples[r] = s
       for k, v in player.tool_stats().items():
         tool_stats[k] = tool_stats.get(k, 0) + v
-    return episodes, tool_stats
+    return samples, tool_stats
+
+
+def _padded(samples: list, K: int) -> list:
+  """An episode's K rows: its trajectories, after empty ones (its ending, no tokens)."""
+  empty = episode_lib.Episode(ended=samples[-1].ended)
+  return [empty] * (K - len(samples)) + list(samples[-K:])
 
 
 def demonstrated_episode(env, renderer, record: dict, turns: Sequence[dict], where: str
