@@ -8,7 +8,6 @@ reward functions in `reward_checks`.
 """
 from __future__ import annotations
 
-import inspect
 import math
 
 import jax
@@ -16,8 +15,10 @@ from absl import logging
 
 from jaxrl_llm import import_path, paths, platform, sampling
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.config import algo_checks, inputs, keys, reward_checks, schema
+from jaxrl_llm.config import algo_checks, env_checks, inputs, keys, reward_checks, schema
 from jaxrl_llm.config.errors import ConfigError
+from jaxrl_llm.config.errors import fail as _fail
+from jaxrl_llm.config.errors import one_of as _one_of
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.data import char_tokenizer, prompts, sources
 from jaxrl_llm.models import config as model_config
@@ -52,7 +53,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_model(config.model)
     _check_lora(config)
     _check_sources(config)
-    _check_envs(config)
+    env_checks.check_envs(config)
     _check_routing_replay(config, devices)
     _check_teacher(config)
     reward_checks.check_rewards(config)  # resolves the functions, checks the weights
@@ -64,15 +65,6 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     raise
   except (ValueError, OSError, ImportError, AttributeError) as e:
     raise ConfigError(str(e)) from e
-
-
-def _fail(field: str, value, expected: str):
-  raise ConfigError(f"config.{field}={value!r}: expected {expected}")
-
-
-def _one_of(field: str, value, allowed) -> None:
-  if value not in allowed:
-    _fail(field, value, f"one of {list(allowed)}")
 
 
 def _check_required(config) -> None:
@@ -293,9 +285,6 @@ def _check_sources(config) -> None:
       raise ConfigError(f"config.{field}: {'; '.join(message.splitlines())}") from e
 
 
-ENV_ERRORS = ("stop", "drop")  # on_env_error
-
-
 def _check_routing_replay(config, devices) -> None:
   """Routing replay needs an MoE policy and a sampler that records its experts."""
   if config.algo.routing_replay != "rollout":
@@ -315,103 +304,10 @@ def _check_routing_replay(config, devices) -> None:
     _fail("algo.routing_replay", "rollout", "'off': multi-turn episodes do not record experts")
 
 
-def _check_envs(config) -> None:
-  """Multi-turn sources (`env` set): their fields, and what they do not combine with yet."""
-  run = sources_lib.run_sources(config)
-  multi = [s for s in run if s.multi_turn]
-  for role, alpha in config.algo.echo.items():
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (
-        math.isfinite(alpha) and alpha >= 0):
-      _fail(f"algo.echo.{role}", alpha, "a finite weight >= 0 (0 = off)")
-    if alpha and not multi:
-      _fail(f"algo.echo.{role}", alpha, "0: echo trains on environment tokens, which only "
-            "multi-turn sources (config.data.env / config.sources.NAME.env) have")
-  if not multi:
-    return
-  for s in multi:
-    e, where = s.env, s.field.removeprefix("config.")
-    if e["agent"]:
-      _check_agent(config, s)
-    else:
-      import_path.load_function(e["env"], field=f"{s.field}.env")  # a typo fails here
-    for key in ("max_turns", "env_workers"):
-      if isinstance(e[key], bool) or not isinstance(e[key], int) or e[key] < 1:
-        _fail(f"{where}.{key}", e[key], "an integer >= 1")
-    if isinstance(e["max_episode_tokens"], bool) or not isinstance(
-        e["max_episode_tokens"], int) or e["max_episode_tokens"] < 2:
-      _fail(f"{where}.max_episode_tokens", e["max_episode_tokens"],
-            "an integer >= 2 (the opening prompt and at least one model token)")
-    if not isinstance(e["tool_timeout_s"], (int, float)) or not e["tool_timeout_s"] > 0:
-      _fail(f"{where}.tool_timeout_s", e["tool_timeout_s"], "a positive number of seconds")
-    _one_of(f"{where}.on_env_error", e["on_env_error"], ENV_ERRORS)
-    if not isinstance(e["env_args"], dict):
-      _fail(f"{where}.env_args", e["env_args"], "a dict of the environment's keyword arguments")
-  samples = {s.env["agent_samples"] for s in run}
-  if len(samples) > 1:
-    raise ConfigError(f"config.sources have agent_samples {sorted(samples)}: expected one value "
-                      "for every source (the rows of each prompt)")
-  for s in multi:
-    if s.env["agent_samples"] != 1 and not s.env["agent"]:
-      _fail(f"{s.field.removeprefix('config.')}.agent_samples", s.env["agent_samples"],
-            "1 without an agent program (an environment's episode is one trajectory)")
-  if len(multi) != len(run):
-    single = [s.name for s in run if not s.multi_turn]
-    raise ConfigError(f"config.sources {single} have no env while others do: expected every "
-                      "source of a multi-turn run to name an environment (a single-turn source "
-                      "can be one whose environment is done after the first turn)")
-  if jax.process_count() > 1:
-    raise ConfigError(f"{multi[0].field}.env={multi[0].env['env']!r}: multi-turn episodes are "
-                      f"played on one process for now, and this run has {jax.process_count()}: "
-                      "expected one process")
-  algo = config.algo
-  for field, value, expected in (
-      ("algo.dynamic_sampling.enabled", algo.dynamic_sampling.enabled, False),
-      ("algo.overlong.enabled", algo.overlong.enabled, False)):
-    if value != expected:
-      _fail(field, value, f"{expected!r} with multi-turn sources (not supported with episodes)")
-  for s in multi:
-    d = s.algo.distill
-    if d.teacher == "self" and (d.coef or d.shaping_coef):
-      _fail(f"{s.field.removeprefix('config.')}.algo.distill.teacher", d.teacher,
-            "'model' with an environment (a hint before an episode is not supported)")
-
-
 def _times_agent_samples(config) -> str:
   """' x agent_samples=K' where an agent's episodes give K rows each, else ''."""
   k = sources_lib.rows_per_prompt(config) // config.sampling.num_samples
   return f" x agent_samples={k}" if k > 1 else ""
-
-
-def _check_agent(config, source) -> None:
-  """An agent program (`agent`): an async function, and what it does not combine with."""
-  e, where = source.env, source.field.removeprefix("config.")
-  if e["env"]:
-    _fail(f"{where}.agent", e["agent"], f"'' while {where}.env={e['env']!r} is set: a source "
-          "plays an environment or an agent program, not both")
-  run = import_path.load_function(e["agent"], field=f"{source.field}.agent")
-  if not inspect.iscoroutinefunction(run):
-    _fail(f"{where}.agent", e["agent"], "an `async def run(client, record)` returning the reward")
-  if isinstance(e["agent_timeout_s"], bool) or not isinstance(
-      e["agent_timeout_s"], (int, float)) or not e["agent_timeout_s"] > 0:
-    _fail(f"{where}.agent_timeout_s", e["agent_timeout_s"], "a positive number of seconds")
-  if config.data.completions != "sample":
-    _fail("data.completions", config.data.completions, "'sample' with an agent program (its "
-          "episodes are played, not read from the data)")
-  if config.sampling.top_k:
-    _fail("sampling.top_k", config.sampling.top_k, "0 with an agent program (its endpoint "
-          "samples with temperature and top-p)")
-  k = e["agent_samples"]
-  if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-    _fail(f"{where}.agent_samples", k, "an integer >= 1")
-  if k > 1:
-    a = source.algo.advantage
-    # An episode's K rows carry its reward K times: group means and population stds are
-    # the episode-level ones; RLOO's leave-one-out and an unbiased std are not.
-    if not a.fn and a.estimator == "rloo":
-      _fail(f"{where}.agent_samples", k, "1 with the rloo estimator (its leave-one-out "
-            "baseline would count an episode's other rows)")
-    if a.std_ddof:
-      _fail(f"{where}.agent_samples", k, "1 with algo.advantage.std_ddof != 0")
 
 
 def _distill_readers(config, teachers=("model",)) -> list[str]:
