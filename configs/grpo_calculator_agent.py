@@ -5,7 +5,8 @@ built-in environment: a plain `openai` client tool loop (no jaxrl_llm import) th
 the policy at the trainer's OpenAI-compatible endpoint, runs the `calc` tool itself and
 returns the exact-match reward (logged as `reward/env`). The reward functions stay, at
 weight 0, for the same `reward/calculator_exact` and valid-call rate as the environment's
-run. 16 agent programs run at once (`env_workers`), their calls batched by the engine.
+run. The step's 64 agent programs run at once (`env_workers`), their calls batched by the
+engine.
 
 Run:
   python -m launch.train --config=configs/grpo_calculator_agent.py --workdir=/tmp/calc_agent
@@ -20,7 +21,7 @@ def get_config(arg=None):
   config.unlock()
   config.data.env = ""
   config.data.agent = "jaxrl_llm.envs.calculator_agent:run"
-  config.data.env_workers = 16
+  config.data.env_workers = 64  # every episode of a step at once: the engine's 64 slots
   config.data.agent_timeout_s = 120.0
   config.rewards.weights = [0.0] * len(config.rewards.functions)
   return config_lib.finalize(config)

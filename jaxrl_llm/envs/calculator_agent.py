@@ -63,11 +63,18 @@ async def run(client, record: dict) -> float:
     response = await client.chat.completions.create(model="policy", messages=messages,
                                                     tools=[CALC])
     choice = response.choices[0]
-    messages.append(choice.message.model_dump(exclude_none=True))
-    if not choice.message.tool_calls or choice.finish_reason == "length":
+    message = choice.message
+    messages.append(message.model_dump(exclude_none=True))
+    if choice.finish_reason == "length":
       break
-    for call in choice.message.tool_calls:
-      messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_reply(call)})
+    if message.tool_calls:
+      for call in message.tool_calls:
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_reply(call)})
+    elif "<tool_call>" in (message.content or ""):  # a call the server could not parse
+      messages.append({"role": "tool", "content": "error: the tool call is not valid JSON; "
+                       'expected {"name": <tool name>, "arguments": {<argument>: <value>, ...}}'})
+    else:
+      break
   answer = (messages[-1].get("content") or "") if messages[-1]["role"] == "assistant" else ""
   line = answer.partition("\n")[0].strip()
   return float(re.fullmatch(r"-?\d+", line) is not None and int(line) == int(record["answer"]))

@@ -9,27 +9,13 @@ a taskset-scoped `vf.Toolset` (one tool server for the whole run, its tool named
 `calc`: `TOOL_PREFIX = None`), and the reward is exact match of the last reply's first
 line with the product (what `jaxrl_llm.envs.calculator_agent` rewards).
 """
-import ast
-import fractions
-import operator
 import re
 
 import verifiers.v1 as vf
 
+from jaxrl_llm.envs.calculator_agent import calc as _calc
+
 __all__ = ["CalculatorTaskset"]  # verifiers loads the one Taskset a module exports
-
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-        ast.Div: operator.truediv}
-
-
-def _evaluate(node):
-  if isinstance(node, ast.Constant) and type(node.value) is int:
-    return fractions.Fraction(node.value)
-  if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-    return -_evaluate(node.operand)
-  if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-    return _OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
-  raise ValueError(f"unsupported expression: {ast.dump(node)[:40]}")
 
 
 class CalcToolset(vf.Toolset[vf.SharedToolsetConfig]):
@@ -40,10 +26,9 @@ class CalcToolset(vf.Toolset[vf.SharedToolsetConfig]):
   def calc(self, expression: str) -> str:
     """Evaluates an arithmetic expression of integers (digits, + - * / and parentheses)."""
     try:
-      value = _evaluate(ast.parse(expression, mode="eval").body)
+      return _calc(expression)
     except Exception as e:  # pylint: disable=broad-except
       return f"error: {type(e).__name__}: {e}"
-    return str(value.numerator) if value.denominator == 1 else f"{float(value):.6g}"
 
 
 class CalculatorData(vf.TaskData):

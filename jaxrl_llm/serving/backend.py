@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 
 import jax
 import numpy as np
 
 from jaxrl_llm import envs
+from jaxrl_llm.sampling import choose
 from jaxrl_llm.sampling.settings import SamplingSettings
 from jaxrl_llm.serving import protocol
 from jaxrl_llm.serving.engine import Completion, Engine, QueueFull, Request
@@ -195,13 +197,14 @@ class Backend:
       raise RequestError(400, str(e)) from e
 
   def _keys(self, log: EpisodeLog | None, request, n: int) -> list[np.ndarray]:
+    """The keys of a call's n choices: fold_in(fold_in(episode key, call), i) in an
+    episode, else fold_in(PRNGKey(seed), i) (a random seed without one)."""
     if log is not None:
-      base = jax.random.fold_in(log.key, len(log.calls))
-    elif request.seed is not None:
-      base = jax.random.PRNGKey(request.seed)
+      keys = _episode_keys(log.key, len(log.calls), n)
     else:
-      base = jax.random.PRNGKey(np.random.randint(1 << 31))
-    return [np.asarray(jax.random.fold_in(base, i)) for i in range(n)]
+      seed = request.seed if request.seed is not None else np.random.randint(1 << 31)
+      keys = _seed_keys(seed, n)
+    return list(np.asarray(keys))
 
   async def _sample(self, prompt: list[int], request, keys, episode: str | None
                     ) -> list[Completion]:
@@ -232,6 +235,16 @@ class Backend:
                          else "invalid_request_error") from e
     samples = await asyncio.gather(*futures)
     return [_cut_at_stop(self.tokenizer, s, request.stops()) for s in samples]
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _episode_keys(key, call, n: int):
+  return choose.request_keys(jax.random.fold_in(key, call), n)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _seed_keys(seed, n: int):
+  return choose.request_keys(jax.random.PRNGKey(seed), n)
 
 
 def _continuation(calls: list[Call], messages: list[dict], tools, renderer):

@@ -106,15 +106,24 @@ class AgentEpisodesTest(absltest.TestCase):
       cfg.data[k] = v
     return cfg
 
-  def test_chained_calls_are_one_trajectory_whose_logprobs_equal_the_trainers_forward(self):
-    cfg = self.config(self.model_dir)
+  def token_exact_rollout(self, cfg, rows_per_prompt: int = 4):
+    """The first step's rollout and batch, checked: the recorded behaviour log-probs equal
+    the trainer's forward on the loss mask's tokens."""
     rollout, setup, start = first_rollout(cfg)
-    arrays = prepare.batch_arrays(rollout, cfg.sampling.num_samples, False)
+    arrays = prepare.batch_arrays(rollout, rows_per_prompt, False)
     model = setup.models.policy.replace(params=start.state.policy_params)
     logp, _ = steps.completion_logp(model, arrays, temperature=cfg.sampling.temperature,
                                     chunk_size=cfg.train.logprob_chunk_size)
     mask = arrays.loss_mask > 0
     np.testing.assert_allclose(np.asarray(logp)[mask], arrays.sampler_logp[mask], atol=1e-5)
+    # Every model token is trained, those the group's episodes share included (the prompt
+    # of a group is what their openings share, never a model token).
+    self.assertEqual(mask.sum(axis=1).tolist(),
+                     [sum(row["loss_mask"]) for row in rollout.episodes.rows])
+    return rollout, arrays
+
+  def test_chained_calls_are_one_trajectory_whose_logprobs_equal_the_trainers_forward(self):
+    rollout, _ = self.token_exact_rollout(self.config(self.model_dir))
     rows = rollout.episodes.rows
     two_calls = [r for r in rows if r["num_turns"] == 2]
     self.assertNotEmpty(two_calls, "the test needs episodes of two calls")
@@ -129,14 +138,7 @@ class AgentEpisodesTest(absltest.TestCase):
                      sum(r["num_turns"] for r in rows))
 
   def test_a_template_that_rewrites_earlier_turns_trains_the_last_call_alone(self):
-    cfg = self.config(self.rewriting_dir)
-    rollout, setup, start = first_rollout(cfg)
-    arrays = prepare.batch_arrays(rollout, cfg.sampling.num_samples, False)
-    model = setup.models.policy.replace(params=start.state.policy_params)
-    logp, _ = steps.completion_logp(model, arrays, temperature=cfg.sampling.temperature,
-                                    chunk_size=cfg.train.logprob_chunk_size)
-    mask = arrays.loss_mask > 0
-    np.testing.assert_allclose(np.asarray(logp)[mask], arrays.sampler_logp[mask], atol=1e-5)
+    rollout, _ = self.token_exact_rollout(self.config(self.rewriting_dir))
     rows = rollout.episodes.rows
     # Every episode is one call in the batch; the second calls' prompts hold '...' for the
     # first answer, as the template rendered it.
@@ -149,15 +151,9 @@ class AgentEpisodesTest(absltest.TestCase):
     self.assertEqual(unchained, len(second))
 
   def test_with_agent_samples_each_trajectory_is_its_own_row_with_the_episodes_reward(self):
-    cfg = self.config(self.rewriting_dir, agent_samples=2)
-    rollout, setup, start = first_rollout(cfg)
-    arrays = prepare.batch_arrays(rollout, 8, False)  # G = 4 episodes x K = 2 rows
+    rollout, arrays = self.token_exact_rollout(  # G = 4 episodes x K = 2 rows
+        self.config(self.rewriting_dir, agent_samples=2), rows_per_prompt=8)
     self.assertEqual(arrays.tokens.shape[0], 4 * 8)
-    model = setup.models.policy.replace(params=start.state.policy_params)
-    logp, _ = steps.completion_logp(model, arrays, temperature=cfg.sampling.temperature,
-                                    chunk_size=cfg.train.logprob_chunk_size)
-    mask = arrays.loss_mask > 0
-    np.testing.assert_allclose(np.asarray(logp)[mask], arrays.sampler_logp[mask], atol=1e-5)
     rows = rollout.episodes.rows
     rewards = rollout.rewards.reshape(-1, 2)
     np.testing.assert_array_equal(rewards[:, 0], rewards[:, 1])  # an episode's two rows

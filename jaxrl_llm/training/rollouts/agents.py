@@ -146,7 +146,7 @@ class AgentPlayer:
                                  chunk_steps=8, top_logprobs=0)
     self.name = f"agent {source.env['agent']!r}" + (f" of source {source.name!r}"
                                                     if source.name else "")
-    self.server = self.engine = None
+    self.server = self.engine = self.client = None
     self.version, self.counts = 0, {}
     self.loop = asyncio.new_event_loop()
     self.thread = threading.Thread(target=self.loop.run_forever, name="agents", daemon=True)
@@ -194,8 +194,10 @@ class AgentPlayer:
     backend, scope = self.server.backend, uuid.uuid4().hex
     where = f"{self.name}, record {index}"
     backend.open_episode(scope, key)
-    client = openai.AsyncOpenAI(base_url=self.server.episode_url(scope), api_key="episode",
-                                max_retries=0, timeout=self.fields["agent_timeout_s"])
+    if self.client is None:  # one HTTP client (and SSL context) for every episode's
+      self.client = openai.AsyncOpenAI(base_url=self.server.base_url, api_key="episode",
+                                       max_retries=0, timeout=self.fields["agent_timeout_s"])
+    client = self.client.copy(base_url=self.server.episode_url(scope))
     failed = None
     try:
       result = await asyncio.wait_for(self.run(client, record), self.fields["agent_timeout_s"])
@@ -208,7 +210,6 @@ class AgentPlayer:
                             f"{' '.join(str(e).split())}") from e
       failed = "agent_errors"
     finally:
-      await client.close()
       log = backend.close_episode(scope)
     calls = log.calls
     self._count("agent_calls", len(calls))
@@ -237,6 +238,8 @@ class AgentPlayer:
     return counts
 
   def close(self) -> None:
+    if self.client is not None:
+      asyncio.run_coroutine_threadsafe(self.client.close(), self.loop).result()
     if self.server is not None:
       self.server.close()
       self.engine.close()

@@ -242,8 +242,8 @@ def _openings(episodes, G: int, same_opening: bool) -> list[list[int]]:
   openings = []
   for p in range(len(episodes) // G):
     group = [ep for ep in episodes[p * G:(p + 1) * G] if ep.tokens]
-    if not same_opening:
-      shared = _shared_prefix([ep.tokens for ep in group]) if group else []
+    if not same_opening:  # what their openings share (never a model token)
+      shared = _shared_prefix([ep.tokens[:opening_length(ep)] for ep in group]) if group else []
       if group and not shared:
         raise envs.EnvError(f"the {G} episodes of record {p} of the batch share no first "
                             "token: expected a common start (a group shares its prompt)")
