@@ -7,7 +7,9 @@ sends the problem with the `calc` tool's schema, runs the calls the answer makes
 their results back as `tool` messages, and stops at an answer without a call (or after
 `MAX_CALLS` calls). Its reward is exact match: the answer's first line is the product.
 It plays what `jaxrl_llm.envs.calculator:CalculatorEnv` plays, with the same tool replies
-and errors, so the two train alike (README, "Agents").
+and errors, but for a malformed `<tool_call>` (which the server answers as plain text, as
+vLLM's parser does): the environment answers it with an error, this program takes it as
+the final answer (README, "Agents", has both curves).
 """
 import ast
 import fractions
@@ -67,14 +69,10 @@ async def run(client, record: dict) -> float:
     messages.append(message.model_dump(exclude_none=True))
     if choice.finish_reason == "length":
       break
-    if message.tool_calls:
-      for call in message.tool_calls:
-        messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_reply(call)})
-    elif "<tool_call>" in (message.content or ""):  # a call the server could not parse
-      messages.append({"role": "tool", "content": "error: the tool call is not valid JSON; "
-                       'expected {"name": <tool name>, "arguments": {<argument>: <value>, ...}}'})
-    else:
+    if not message.tool_calls:  # an answer (or a call the server could not parse)
       break
+    for call in message.tool_calls:
+      messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_reply(call)})
   answer = (messages[-1].get("content") or "") if messages[-1]["role"] == "assistant" else ""
   line = answer.partition("\n")[0].strip()
   return float(re.fullmatch(r"-?\d+", line) is not None and int(line) == int(record["answer"]))
