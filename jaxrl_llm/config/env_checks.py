@@ -61,7 +61,8 @@ def check_envs(config) -> None:
                       "source of a multi-turn run to name an environment (a single-turn source "
                       "can be one whose environment is done after the first turn)")
   if jax.process_count() > 1:
-    raise ConfigError(f"{multi[0].field}.env={multi[0].env['env']!r}: multi-turn episodes are "
+    kind = "agent" if multi[0].env["agent"] else "env"
+    raise ConfigError(f"{multi[0].field}.{kind}={multi[0].env[kind]!r}: multi-turn episodes are "
                       f"played on one process for now, and this run has {jax.process_count()}: "
                       "expected one process")
   algo = config.algo
