@@ -24,56 +24,40 @@ dispatch per admission) at their largest next to the model's compute.
    tokens, tokens/s, requests/s, decode chunks (device calls) and tokens per chunk; each mode
    over sequential (median of per-round ratios); the seconds per one-token request sent one
    at a time through the endpoint and straight to the engine (the round trip, about); and
-   what one `openai.AsyncOpenAI(...)` construction costs.
+   what a client costs: one `openai.AsyncOpenAI(...)` construction (an `AgentPlayer` builds
+   one) and one `client.copy(base_url=...)` (each agent episode's client, sharing the
+   player's HTTP connection pool and SSL context).
 
 2. Episodes. The training plan's sources (`config.sources.run_sources`) of
    configs/grpo_calculator.py (the built-in `CalculatorEnv`, env_workers 1: its default) and
    configs/grpo_calculator_agent.py (`jaxrl_llm.envs.calculator_agent:run` through the
-   endpoint, env_workers 16), each played by `episodes.player_for(source, tokenizer,
-   settings)` (settings from `config.sampling`: temperature 1, 96 new tokens a turn) with
+   endpoint), each played by `episodes.player_for(source, tokenizer, settings)` (settings
+   from `config.sampling`: temperature 1, 96 new tokens a turn) with
    `local_model(from_pretrained(calculator_sft))`: `play()` of 64 episodes, 16 problems of the
-   train split x G = 4 (the demo's step). Warm-up plays of other problems until one compiles
-   nothing; then `--rounds` rounds, each new problems and key, the variants back to back:
-   the environment; the agent; the agent with `one_ssl_context` (a bench-only patch: its
-   per-episode clients share one SSL context, as a library fix would); and that with the
-   agent config at env_workers 64 (`--agent-workers`, 0: not). Printed: median s per play,
-   episodes/s, model turns and tokens per episode, the agent engine's device calls, the
-   compilations during timed plays; then each agent variant over the environment (median of
-   per-round ratios; the issue's target is >= 0.7x).
+   train split x G = 4 (the demo's step). The agent player serves the policy from its own
+   engine (slots = min(env_workers, 64)) behind one `openai.AsyncOpenAI`, each episode a
+   `copy` of it on the episode's URL; an episode's call that continues its previous one
+   keeps that call's slot and prefills only its new tokens (`Request.session`,
+   `slots.extend`: the "extended" engine calls). Warm-up plays of other problems until one
+   compiles nothing; then `--rounds` rounds, each new problems and key, the variants back to
+   back: the environment; the agent config as shipped (env_workers 64: all 64 episodes at
+   once); and the agent config at env_workers 16 (`--agent-workers`, 0: not; 16 agent
+   programs at a time, on a 16-slot engine), the effect of concurrency. Printed: median s
+   per play, episodes/s, model turns and tokens per episode, the agent engine's device calls
+   (decode chunks, fresh admissions, session extensions), the compilations during timed
+   plays; then each agent variant over the environment (median of per-round ratios; the
+   issue's target is >= 0.7x).
 
-  .venv/bin/python bench/serve.py                  # both parts, 3 rounds (2-3 minutes)
+  .venv/bin/python bench/serve.py                  # both parts, 3 rounds (about 2 minutes)
   .venv/bin/python bench/serve.py --part=endpoint  # or --part=episodes
   .venv/bin/python bench/serve.py --quick          # 16 requests, 4 problems, 1 round
 
 The last line is JSON.
 
-Measured on 2 CPU cores shared with other jobs (load average about 5), 2026-12-03, at commit
-1d1de2f, `.venv/bin/python bench/serve.py` (2:05 wall):
-
-  | endpoint mode (64 requests, 3796 completion tokens) | wall s | tokens/s | chunks |
-  |---|---|---|---|
-  | sequential (1 client)                | 2.46 | 1,543  | 477 |
-  | 64 concurrent clients                | 0.61 | 6,271  | 14  |
-  | 16 concurrent clients                | 0.86 | 4,408  | 41  |
-  | engine.submit, 64 at once (no HTTP)  | 0.29 | 13,062 | 8   |
-  64 concurrent / sequential 4.10x, 16 concurrent 2.86x, the engine alone 8.46x; a one-token
-  request 7.0 ms through the endpoint, 2.5 ms straight to the engine; one
-  openai.AsyncOpenAI(...) 29.6 ms (nearly all `ssl` loading the CA bundle).
-
-  | episodes (64 a play)                   | env_workers | s/play | episodes/s | / env (rounds) |
-  |---|---|---|---|---|
-  | environment (grpo_calculator.py)       | 1  | 0.71 | 90.6 | 1                    |
-  | agent (grpo_calculator_agent.py)       | 16 | 2.98 | 21.4 | 0.24x (0.15 - 0.35)  |
-  | agent, one SSL context (bench patch)   | 16 | 1.38 | 46.4 | 0.55x (0.33 - 0.61)  |
-  | agent, one SSL context, env_workers 64 | 64 | 1.27 | 50.3 | 0.74x (0.26 - 0.78)  |
-  (1.78 model turns and 75.9 model tokens per episode in both paths; no compilation in the
-  timed plays; the environment's play took 0.45 - 0.99 s across the rounds, hence the
-  spread.) The agent path builds one `openai.AsyncOpenAI` per episode, on the agents'
-  event loop: 64 x ~30 ms of CA-bundle loading a play, during which no agent sends a call.
+FIGURES
 """
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import statistics
@@ -137,15 +121,19 @@ async def _make(base_url: str, n: int) -> list:
   return _clients(base_url, n)
 
 
-def _client_cost(base_url: str, n: int = 8) -> float:
-  """Median seconds of one `openai.AsyncOpenAI(...)` construction."""
+def _client_cost(base_url: str, n: int = 8) -> dict:
+  """Median seconds of one `openai.AsyncOpenAI(...)` construction (`new`) and of one
+  `client.copy(base_url=...)` (`copy`: what an agent episode's client costs)."""
   import openai
-  times = []
-  for _ in range(n):
+  new, copy = [], []
+  for k in range(n):
     t = time.perf_counter()
-    openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
+    new.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    client.copy(base_url=f"{base_url}/episode{k}")
+    copy.append(time.perf_counter() - t)
+  return dict(new=statistics.median(new), copy=statistics.median(copy))
 
 
 def _engine_requests(backend, requests: list[dict]) -> list:
@@ -252,40 +240,21 @@ def endpoint(args) -> dict:
     print(f"{name} / sequential: {ratio(name):.2f}x (median of per-round ratios {rounds})")
   print(f"same tokens in every mode: {same}; compilations: warm-up {warm_compiles}, "
         f"timed {compiles.n - warm_compiles}")
-  client = statistics.median(client_s)
+  client = {k: statistics.median(c[k] for c in client_s) for k in ("new", "copy")}
   http, direct = (statistics.median(f[k] for f in fixed) for k in ("http", "engine"))
   print(f"one-token requests one at a time: {http * 1e3:.1f} ms each through the endpoint, "
         f"{direct * 1e3:.1f} ms straight to the engine (round trip {(http - direct) * 1e3:.1f} ms)")
-  print(f"openai.AsyncOpenAI(...) construction (the clients above were built before timing): "
-        f"{client * 1e3:.1f} ms each, {args.requests} of them {args.requests * client:.2f} s")
+  print(f"a client (the ones above were built before timing): openai.AsyncOpenAI(...) "
+        f"{client['new'] * 1e3:.1f} ms (one per agent player), client.copy(base_url=...) "
+        f"{client['copy'] * 1e3:.2f} ms (one per agent episode)")
   return dict(tokens_per_s={k: statistics.median(v) for k, v in rates.items()},
               ratio_vs_sequential={name: ratio(name) for name, _ in modes[1:]},
               completion_tokens=sum(reference), same_tokens=same,
-              timed_compiles=compiles.n - warm_compiles, client_construction_s=client,
+              timed_compiles=compiles.n - warm_compiles, client_s=client,
               one_token_request_s=dict(http=http, engine=direct))
 
 
 # --- 2. episodes ----------------------------------------------------------------------------
-@contextlib.contextmanager
-def one_ssl_context():
-  """`openai.AsyncOpenAI(...)` over an HTTP client whose SSL context was made once, instead
-  of one that loads the CA bundle again (~20 ms) for every client, as `AgentPlayer` builds
-  one client per episode. A bench-only patch: what the variant 'agent, one SSL context'
-  would gain from a library fix."""
-  import ssl
-  import openai
-  original, context = openai.AsyncOpenAI, ssl.create_default_context()
-
-  def client(*a, **kw):
-    kw.setdefault("http_client", openai.DefaultAsyncHttpxClient(verify=context))
-    return original(*a, **kw)
-  openai.AsyncOpenAI = client
-  try:
-    yield
-  finally:
-    openai.AsyncOpenAI = original
-
-
 def _engine_calls(stats: dict | None) -> str:
   """An agent play's engine device calls: decode chunks, admissions (and extensions)."""
   if stats is None:
@@ -306,14 +275,17 @@ def episodes_part(args) -> dict:
   tokenizer = data.load_tokenizer(path)
   model = episodes.local_model(policy)
   players, workers = {}, {}
-  builds = list(CONFIGS.items())
-  if args.agent_workers:
-    builds.append((f"agent_{args.agent_workers}", CONFIGS["agent"]))
-  for name, file in builds:
+  shipped = config_lib.presets.load(os.path.join(REPO, CONFIGS["agent"])).data.env_workers
+  builds = [("environment", CONFIGS["environment"], None),
+            ("agent (as shipped)", CONFIGS["agent"], None)]
+  if args.agent_workers and args.agent_workers != shipped:
+    builds.append((f"agent, env_workers={args.agent_workers}", CONFIGS["agent"],
+                   args.agent_workers))
+  for name, file, env_workers in builds:
     config = config_lib.presets.load(os.path.join(REPO, file))
-    if name != "agent" and name.startswith("agent"):
+    if env_workers is not None:
       config.unlock()
-      config.data.env_workers = args.agent_workers
+      config.data.env_workers = env_workers
     source = sources_lib.run_sources(config)[0]
     settings = sampling.settings.from_config(config.sampling,
                                              sampling.eos_ids(tokenizer, policy.config),
@@ -322,19 +294,14 @@ def episodes_part(args) -> dict:
     records = tasks.load_split("calculator", "train", **source.task_options)
     players[name] = episodes.player_for(source, tokenizer, settings)
     workers[name] = source.env["env_workers"]
-  variants = [("environment", "environment", contextlib.nullcontext),
-              ("agent", "agent", contextlib.nullcontext),
-              ("agent, one SSL context (bench patch)", "agent", one_ssl_context)]
-  if args.agent_workers:
-    variants.append((f"agent, env_workers={args.agent_workers}, one SSL context (bench patch)",
-                     f"agent_{args.agent_workers}", one_ssl_context))
+  variants = list(players)
   P = args.problems
 
   def batch(r):  # round r's problems, each G times
     idx = [i for p in range(r * P, (r + 1) * P) for i in [p] * G]
     return [records[i] for i in idx], idx
 
-  results = {name: [] for name, _, _ in variants}
+  results = {name: [] for name in variants}
   compiles = Compiles()
   try:
     for name, player in players.items():  # until a play compiles nothing
@@ -347,14 +314,13 @@ def episodes_part(args) -> dict:
           break
     warm_compiles = compiles.n
     for r in range(args.rounds):
-      for name, which, patch in variants:
+      for name in variants:
         before = compiles.n
-        engine = getattr(players[which], "engine", None)
+        engine = getattr(players[name], "engine", None)
         stats = dict(engine.stats) if engine is not None else None
-        with patch():
-          t = time.perf_counter()
-          played = players[which].play(model, *batch(r), jax.random.PRNGKey(r))
-          wall = time.perf_counter() - t
+        t = time.perf_counter()
+        played = players[name].play(model, *batch(r), jax.random.PRNGKey(r))
+        wall = time.perf_counter() - t
         model_tokens = [sum(role == episode_lib.MODEL for role in ep.roles) for ep in played]
         results[name].append(dict(wall=wall, turns=statistics.mean(ep.num_turns for ep in played),
                                   model_tokens=statistics.mean(model_tokens),
@@ -368,17 +334,17 @@ def episodes_part(args) -> dict:
       player.close()
   B = P * G
   rows, rates = [], {}
-  for name, which, _ in variants:
+  for name in variants:
     runs = results[name]
     wall = statistics.median(r["wall"] for r in runs)
     rates[name] = [B / r["wall"] for r in runs]
     tok_s = statistics.median(r["total_model_tokens"] / r["wall"] for r in runs)
-    rows.append(f"| {name} | {workers[which]} | {wall:.2f} | {B / wall:.1f} | "
+    rows.append(f"| {name} | {workers[name]} | {wall:.2f} | {B / wall:.1f} | "
                 f"{statistics.mean(r['turns'] for r in runs):.2f} | "
                 f"{statistics.mean(r['model_tokens'] for r in runs):.1f} | {tok_s:,.0f} | "
                 f"{_engine_calls(runs[-1]['engine'])} | {sum(r['compiles'] for r in runs)} |")
   ratios = {name: statistics.median(a / e for a, e in zip(rates[name], rates["environment"]))
-            for name, _, _ in variants[1:]}
+            for name in variants[1:]}
   print(f"\nEpisodes: calculator_sft, {P} problems x G={G} = {B} episodes per play(), "
         f"temperature 1; medians of {args.rounds} interleaved round(s) after warm-up plays "
         f"({warm_compiles} compilations); {os.cpu_count()} CPUs; "
@@ -411,8 +377,9 @@ def main():
   ap.add_argument("--page-size", type=int, default=32)
   ap.add_argument("--chunk-steps", type=int, default=8)
   ap.add_argument("--problems", type=int, default=16, help="problems per play (x G = 4)")
-  ap.add_argument("--agent-workers", type=int, default=64,
-                  help="also the agent config with this env_workers (0: not)")
+  ap.add_argument("--agent-workers", type=int, default=16,
+                  help="also the agent config with this env_workers (0 or the shipped value: "
+                       "not)")
   ap.add_argument("--warmup", type=int, default=4,
                   help="warm-up plays of each player at most (they stop at one that compiles "
                        "nothing)")
