@@ -10,6 +10,8 @@ The runs, one after another on the CPU (JAX_PLATFORMS=cpu), each in a process of
   demo        `make demo`'s run (python -m launch.demo: configs/grpo_arithmetic.py, 200 steps)
   notebook    colabs/grpo_quickstart.ipynb top to bottom (the same run, in a Jupyter kernel)
   calculator  the agent demo (python -m launch.demo --task=calculator, 100 steps)
+  calculator_agent  the same task played by an agent program through the policy's endpoint
+              (configs/grpo_calculator_agent.py, 100 steps), beside the calculator run
   moe         the MoE demo (python -m launch.demo --task=moe: configs/grpo_arithmetic_moe.py,
               200 steps from the shipped MoE warm start)
 Each run's figures come from its metrics.jsonl: held-out greedy accuracy (the exact-match
@@ -40,12 +42,13 @@ COMMANDS = {
     "demo": ["-m", "launch.demo"],
     "notebook": None,
     "calculator": ["-m", "launch.demo", "--task=calculator"],
+    "calculator_agent": ["-m", "launch.train", "--config=configs/grpo_calculator_agent.py"],
     "moe": ["-m", "launch.demo", "--task=moe"],
 }
 # The MoE table has the dense run beside it: `--only=moe` runs demo too, unless --keep has it.
-NEEDS = {"moe": ("demo",)}
+NEEDS = {"moe": ("demo",), "calculator_agent": ("calculator",)}
 MARKED = {"demo": ("README.md",), "notebook": ("README.md", NOTEBOOK),
-          "calculator": ("README.md",), "moe": ("README.md",)}
+          "calculator": ("README.md",), "calculator_agent": ("README.md",), "moe": ("README.md",)}
 
 
 def _notebook(workdir: str) -> str:
@@ -146,6 +149,18 @@ def render(name: str, results: dict, date: str) -> str:
             f"A training step is about {fig['step_s']:.1f} s (medians): playing 64 episodes of "
             f"about two model turns, {fig['sample_s']:.1f} s (the tool calls run in a worker "
             f"process), and one update, {fig['update_s']:.1f} s.")
+  if name == "calculator_agent":
+    env = results["calculator"]
+    return (f"seed 0, {_cores(fig)}, {date} (`python -m launch.train "
+            f"--config=configs/grpo_calculator_agent.py`, {_clock(fig['wall'])} wall time for "
+            f"the {last} steps; the environment's run: {_clock(env['wall'])}):\n\n"
+            f"{_table('step', list(acc))}\n"
+            f"{_row('agent program, held-out accuracy', acc)}\n"
+            f"{_row('agent program, valid-call rate', fig['valid_call'])}\n"
+            f"{_row('environment, held-out accuracy', env['accuracy'])}\n\n"
+            f"A training step is about {fig['step_s']:.1f} s (medians), {fig['sample_s']:.1f} s "
+            f"of it playing the 64 episodes through the endpoint (the environment's: "
+            f"{env['step_s']:.1f} s and {env['sample_s']:.1f} s).")
   if name == "moe":
     dense = results["demo"]
     return (f"Seed 0, {_cores(fig)}, {date}, {_clock(fig['wall'])} for the {last} steps "

@@ -65,7 +65,7 @@ class ReadmeFiguresTest(absltest.TestCase):
       shutil.copy(os.path.join(REPO, path), os.path.join(root, path))
     tmp = self.create_tempdir().full_path
     results = {n: fake_run(os.path.join(tmp, n), {0: 0.25, 20: 0.5, 60: 0.875, 80: 0.9375}, 95)
-               for n in ("demo", "notebook", "calculator", "moe")}
+               for n in ("demo", "notebook", "calculator", "calculator_agent", "moe")}
     for name, paths in readme_figures.MARKED.items():
       for path in paths:
         readme_figures.rewrite(path, name, readme_figures.render(name, results, "2031-01-02"),
@@ -75,6 +75,9 @@ class ReadmeFiguresTest(absltest.TestCase):
     self.assertIn("from 0.25 to 0.50 in 20 steps and 0.88-0.94 from step 60 to 80, in 1:35 on "
                   "2 CPU cores (load average 1.5), 2031-01-02<!-- /figures:demo -->", readme)
     self.assertIn("| held-out accuracy | 0.250 | 0.500 | 0.875 | 0.938 |\n", readme)
+    self.assertIn("| agent program, held-out accuracy | 0.250 | 0.500 | 0.875 | 0.938 |\n"
+                  "| agent program, valid-call rate | 1.000 | 1.000 | 1.000 | 1.000 |\n"
+                  "| environment, held-out accuracy | 0.250 | 0.500 | 0.875 | 0.938 |\n", readme)
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
       unmarked = lambda text: re.sub(r"<!-- figures:(\w+) -->.*?<!-- /figures:\1 -->", "",
                                      text, flags=re.S)
