@@ -11,7 +11,9 @@ and the decode loop's layout (`config.model.dtype`, `config.sampling.*`). The se
 then carry (`Authorization: Bearer KEY`). Exit status 2 for a bad flag (one line).
 """
 import os
+import signal
 import sys
+import threading
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -51,12 +53,14 @@ def main(argv):
   backend = serving.load_backend(_MODEL.value, layout, config=_CONFIG.value,
                                  name=_NAME.value, max_tokens=_MAX_TOKENS.value,
                                  max_waiting=_QUEUE.value)
+  stop = threading.Event()  # Ctrl-C or SIGTERM, wherever the main thread is when it comes
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda *_: stop.set())
   server = serving.Server(backend, _HOST.value, _PORT.value, api_key)
   print(f"serving {backend.model_name!r} at {server.base_url} (Ctrl-C stops)", flush=True)
   try:
-    server.wait()
-  except KeyboardInterrupt:
-    pass
+    while not stop.wait(0.5) and server.running:
+      pass
   finally:
     server.close()
     backend.engine.close()

@@ -75,7 +75,7 @@ def make_app(backend: Backend, api_key: str | None = None) -> fastapi.FastAPI:
                       "invalid_api_key")
     return await call_next(request)
 
-  def models_list():
+  async def models_list():
     return {"object": "list", "data": [{"id": backend.model_name, "object": "model",
                                         "created": 0, "owned_by": "jaxrl_llm",
                                         "max_model_len": backend.engine.layout.context}]}

@@ -66,10 +66,9 @@ class Server:
   def episode_url(self, episode: str) -> str:
     return f"{self.root}/episodes/{episode}/v1"
 
-  def wait(self) -> None:
-    """Blocks until the server stops (Ctrl-C raises KeyboardInterrupt here)."""
-    while self._thread.is_alive():
-      self._thread.join(timeout=0.5)
+  @property
+  def running(self) -> bool:
+    return self._thread.is_alive()
 
   def close(self) -> None:
     self._server.should_exit = True
