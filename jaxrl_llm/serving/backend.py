@@ -214,10 +214,7 @@ class Backend:
     budget = request.budget() or self.max_tokens
     if self.fixed is not None:
       budget = min(budget, self.fixed.max_new_tokens)
-    if limit:
-      if len(prompt) >= limit:
-        raise RequestError(400, f"the prompt is {len(prompt)} tokens, which leaves no room in "
-                           f"the episode's {limit} tokens", "context_length_exceeded")
+    if limit:  # an episode's prompt leaves room: `chat` cuts the episode before it fills
       budget = min(budget, limit - len(prompt))
     temperature = self.fixed.temperature if self.fixed is not None else request.temperature
     top_p = self.fixed.top_p if self.fixed is not None else request.top_p

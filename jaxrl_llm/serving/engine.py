@@ -41,6 +41,7 @@ import numpy as np
 from jaxrl_llm import models
 from jaxrl_llm.serving import slots
 from jaxrl_llm.serving.slots import Layout
+from jaxrl_llm.sampling.sampler import left_pad
 from jaxrl_llm.sampling.settings import SamplingSettings
 
 
@@ -269,20 +270,16 @@ class Engine:
                      jnp.asarray(request.top_logprobs > 0), jnp.int32(request.max_tokens))
     with self._wake:
       found = self._continuation(slot, request)
-    pad_id = self.settings.pad_id
     if found is not None:
       new, width, column = found
-      tokens = np.asarray([[pad_id] * (width - len(new)) + list(new)], np.int32)
-      mask = np.asarray([[0] * (width - len(new)) + [1] * len(new)], np.int32)
+      tokens, mask = left_pad([new], width, self.settings.pad_id)
       self._state = self._extend(model, self._state, jnp.int32(slot), tokens, mask,
                                  self._key(request), *sampling_args)
       self.stats["extended"] += 1
       columns = column + width
     else:
       columns = prompt_columns(len(request.prompt), request.max_tokens, self.layout)
-      pad = columns - len(request.prompt)
-      tokens = np.asarray([[pad_id] * pad + list(request.prompt)], np.int32)
-      mask = np.asarray([[0] * pad + [1] * len(request.prompt)], np.int32)
+      tokens, mask = left_pad([request.prompt], columns, self.settings.pad_id)
       self._state = self._admit(model, self._state, jnp.int32(slot), tokens, mask,
                                 self._key(request), *sampling_args)
       self.stats["admitted"] += 1

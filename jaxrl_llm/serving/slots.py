@@ -140,7 +140,7 @@ def admit(model: models.Model, st: SlotState, slot, tokens_1S, mask_1S, key, tem
   model, tune = decode.decode_model(model, s, unrolled)
   S, W = tokens_1S.shape[1], layout.context
   cache, logits_1V, positions_1S = decode.prefill(model, tokens_1S, mask_1S, tune, unrolled)
-  pool = _put_pages(st.pool, kv_cache.as_pages(cache, layout.page_size),
+  pool = kv_cache.put_pages(st.pool, kv_cache.as_pages(cache, layout.page_size),
                     slot * layout.pages_per_slot)
   mask_W = jnp.zeros((W,), jnp.int32).at[:S].set(mask_1S[0])
   return _take(st.replace(pool=pool), slot, logits_1V, S, positions_1S[0, -1] + 1, mask_W,
@@ -166,7 +166,7 @@ def extend(model: models.Model, st: SlotState, slot, tokens_1C, mask_1C, key, te
                                      kv_cache.from_pages(own, 1), column, tune=tune,
                                      return_hidden=True)
   logits_1V = models.unembed(model, hidden_1CD[:, -1:])[:, 0]
-  pool = _put_pages(st.pool, kv_cache.as_pages(kv_cache.own_part(cache), layout.page_size),
+  pool = kv_cache.put_pages(st.pool, kv_cache.as_pages(kv_cache.own_part(cache), layout.page_size),
                     slot * PP)
   return _take(st.replace(pool=pool), slot, logits_1V, column + C, base + jnp.sum(mask_1C),
                mask_1W[0], (key, temperature, top_p, want_top, budget), layout, s)
@@ -187,15 +187,6 @@ def _take(st: SlotState, slot, logits_1V, prompt_cols, position, mask_W, request
   M = st.live.shape[0]
   token_M, logp_M, logp_MV = _choose(jnp.broadcast_to(logits_1V, (M,) + logits_1V.shape[1:]), st)
   return _record(st, jnp.arange(M) == slot, token_M, logp_M, logp_MV, layout, s)
-
-
-def _put_pages(pool, pages, first):
-  """`kv_cache.put_pages` at a traced first page."""
-  if isinstance(pool, tuple):
-    return tuple(_put_pages(a, b, first) for a, b in zip(pool, pages))
-  at = lambda x: (jnp.int32(0),) * (x.ndim - 4) + (first, 0, 0, 0)
-  return {name: jax.lax.dynamic_update_slice(x, pages[name].astype(x.dtype), at(x))
-          for name, x in pool.items()}
 
 
 def _choose(logits_MV, st: SlotState):
