@@ -6,7 +6,10 @@ it is in, agrees with the other processes that someone was told to stop, writes 
 checkpoint of that step, waits for it to be complete and raises `Preempted`; the command
 line then exits with status `PREEMPTED_EXIT_CODE` (75, EX_TEMPFAIL: "try again").
 Starting the same command again resumes from that checkpoint. A second Ctrl-C raises
-`KeyboardInterrupt` at once (the steps since the last checkpoint are lost).
+`KeyboardInterrupt` at once (the steps since the last checkpoint are lost); should that
+exception land where Python swallows it (a weakref or `__del__` callback prints "Exception
+ignored" and goes on), the next `requested()` raises it again, so the run never writes
+the checkpoint the user refused.
 
 Non-finite updates: `steps.policy_step`/`value_step` skip an update whose loss or
 gradient norm is not finite and flag which part was. `NonFiniteGuard` turns the flags
@@ -58,6 +61,7 @@ class PreemptionWatch:
 
   def __init__(self):
     self._flag = threading.Event()
+    self._hard_stop = False  # set by a second Ctrl-C
     self._previous: dict = {}
     self.signal_name = "SIGTERM"  # the first one this process received
 
@@ -68,6 +72,7 @@ class PreemptionWatch:
   def _handle(self, signum, frame) -> None:
     del frame
     if signum == signal.SIGINT and self._flag.is_set():
+      self._hard_stop = True
       raise KeyboardInterrupt  # Ctrl-C twice: stop now
     if not self._flag.is_set():
       self.signal_name = signal.Signals(signum).name
@@ -82,7 +87,14 @@ class PreemptionWatch:
     self._previous = {}
 
   def requested(self) -> bool:
-    """Whether any process got SIGTERM (a collective: call it on every process)."""
+    """Whether any process got SIGTERM (a collective: call it on every process).
+
+    Raises:
+      KeyboardInterrupt: this process got Ctrl-C twice (in case the handler's own raise
+        was swallowed).
+    """
+    if self._hard_stop:
+      raise KeyboardInterrupt
     return distributed.any_true(self._flag.is_set())
 
 

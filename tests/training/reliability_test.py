@@ -178,5 +178,25 @@ class ReliabilityTest(absltest.TestCase):
     self.assertNotIn("Traceback", log)
 
 
+class PreemptionWatchTest(absltest.TestCase):
+
+  def test_a_swallowed_second_ctrl_c_still_stops_before_the_checkpoint(self):
+    # The second Ctrl-C's KeyboardInterrupt can land in a weakref callback, where Python
+    # prints "Exception ignored" and goes on; the step-end check must raise it again.
+    watch = guards.PreemptionWatch()
+    watch._handle(signal.SIGINT, None)
+    self.assertTrue(watch.requested())
+    with self.assertRaises(KeyboardInterrupt):
+      watch._handle(signal.SIGINT, None)  # raised, and (in the flake) swallowed
+    with self.assertRaises(KeyboardInterrupt):
+      watch.requested()
+
+  def test_sigterm_then_ctrl_c_is_still_one_graceful_stop(self):
+    watch = guards.PreemptionWatch()
+    watch._handle(signal.SIGTERM, None)
+    self.assertEqual(watch.signal_name, "SIGTERM")
+    self.assertTrue(watch.requested())
+
+
 if __name__ == "__main__":
   absltest.main()
