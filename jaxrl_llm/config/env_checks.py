@@ -35,6 +35,7 @@ def check_envs(config) -> None:
       _check_agent(config, s)
     else:
       import_path.load_function(e["env"], field=f"{s.field}.env")  # a typo fails here
+      _check_admission(config)
     for key in ("max_turns", "env_workers"):
       if isinstance(e[key], bool) or not isinstance(e[key], int) or e[key] < 1:
         _fail(f"{where}.{key}", e[key], "an integer >= 1")
@@ -76,6 +77,18 @@ def check_envs(config) -> None:
     if d.teacher == "self" and (d.coef or d.shaping_coef):
       _fail(f"{s.field.removeprefix('config.')}.algo.distill.teacher", d.teacher,
             "'model' with an environment (a hint before an episode is not supported)")
+
+
+def _check_admission(config) -> None:
+  """Episodes admitted on the serving engine sample with temperature and top-p only."""
+  if not config.sampling.top_k:
+    return
+  from jaxrl_llm import platform, sampling  # pylint: disable=g-import-not-at-top
+  settings = sampling.settings.from_config(config.sampling, eos_ids=(), pad_id=0)
+  if settings.episode_engine(platform.device_platform(jax.local_devices()[0])) != "static":
+    _fail("sampling.top_k", config.sampling.top_k, "0 with episodes admitted one at a time "
+          f"(config.sampling.engine={config.sampling.engine!r} samples them with temperature "
+          "and top-p), or config.sampling.engine='static' (turn-synchronous episodes)")
 
 
 def _check_agent(config, source) -> None:

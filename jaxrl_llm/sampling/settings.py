@@ -18,6 +18,11 @@ ENGINES = ("auto", "static", "continuous")
 # A paged-attention kernel would not change the choice at 128 slots (`continuous`, "Pallas
 # kernels").
 CONTINUOUS_FROM_NEW_TOKENS = {"cpu": 256, "gpu": 256, "tpu": None}
+# 'auto' plays multi-turn episodes on the continuous engine, each admitted for its next
+# turn as its own environment answers (`training.rollouts.admitted`), except on a TPU,
+# where the continuous engine's step costs 3.5x the static one's (above): there the batch's
+# turns go together (`sampling.TurnSampler`, the program `launch.compile` checks).
+EPISODES_ON_CONTINUOUS = {"cpu": True, "gpu": True, "tpu": False}
 ADAPTER_MODES = ("merged", "applied")  # how LoRA adapters decode (`SamplingSettings.adapters`)
 
 
@@ -98,6 +103,13 @@ class SamplingSettings:
     return ("continuous" if threshold is not None and self.max_new_tokens >= threshold
             else "static")
 
+
+  def episode_engine(self, where: str = "cpu") -> str:
+    """'static' (turn-synchronous) or 'continuous' (episode-level admission): what
+    `engine` stands for when multi-turn episodes are played on platform `where`."""
+    if self.engine != "auto":
+      return self.engine
+    return "continuous" if EPISODES_ON_CONTINUOUS[where] else "static"
 
 
 def from_config(cfg, eos_ids: tuple[int, ...], pad_id: int,

@@ -36,7 +36,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from jaxrl_llm import envs, models, sampling
+from jaxrl_llm import envs, models, platform, sampling
 from jaxrl_llm.config.sources import Source
 from jaxrl_llm.envs import episode as episode_lib
 
@@ -181,11 +181,19 @@ class EpisodePlayer:
 
 def player_for(source: Source, tokenizer, settings: sampling.SamplingSettings):
   """The player of a multi-turn source's episodes: its agent program's
-  (`agents.AgentPlayer`) or its environment's (`EpisodePlayer`)."""
+  (`agents.AgentPlayer`), else its environment's: each episode admitted at its own pace
+  on the serving engine (`admitted.AdmittedEpisodePlayer`), or the batch's turns in
+  lockstep (`EpisodePlayer`), as `SamplingSettings.episode_engine` says for the platform
+  of this process's first device."""
+  # pylint: disable=g-import-not-at-top
   if source.env.get("agent"):
-    from jaxrl_llm.training.rollouts import agents  # pylint: disable=g-import-not-at-top
+    from jaxrl_llm.training.rollouts import agents
     return agents.AgentPlayer(source, tokenizer, settings)
-  return EpisodePlayer(source, tokenizer, settings)
+  where = platform.device_platform(jax.local_devices()[0])
+  if settings.episode_engine(where) == "static":
+    return EpisodePlayer(source, tokenizer, settings)
+  from jaxrl_llm.training.rollouts import admitted
+  return admitted.AdmittedEpisodePlayer(source, tokenizer, settings)
 
 
 def last_turn_text(tokenizer, ep: episode_lib.Episode) -> str:
