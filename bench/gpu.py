@@ -13,7 +13,8 @@ Phases, each in its own process (torch and jax never share the device), each wit
   hf          transformers `generate` (sdpa, bf16): 64 prompts of 128 tokens x G 8 x 128 new
   ours        `sampling.generate` on a one-device mesh, the same workload, with the bytes a
               decode step must read and the fraction of a copy bandwidth measured in the same
-              process that its time implies (LAYER_LOOP=unrolled|scan overrides 'auto')
+              process that its time implies (LAYER_LOOP=unrolled|scan overrides 'auto',
+              KEY_LAYOUT=slot_minor|slot_major the platform's key layout; both for longtail too)
   train       `bench/train_step.py --shape=qwen3_0_6b --set=model.remat=none`: GRPO with a
               reference, 32 prompts x G 8 x (128 + 128) tokens, micro-batch 64, bf16 compute /
               float32 parameters, no remat: step split, MFU against the data-sheet peak, first
@@ -26,7 +27,9 @@ Phases, each in its own process (torch and jax never share the device), each wit
               the fraction of the copy bandwidth the continuous engine's time implies
               (weights once per decode step, every token's attention over its own prefix)
   hf_longtail transformers `generate` on those lengths (EOS forced at each row's length)
-Each phase prints a RESULT line; the last lines are a summary. Results go to $OUT (default
+Each phase prints a RESULT line; the last lines are a summary. BUDGET_S=N ends the whole run
+within N seconds: each phase gets what is left, up to its own limit, in the order make_model,
+ours, train, hf, longtail, hf_longtail, train_big. Results go to $OUT (default
 /tmp/gpu_out) as logs and JSON.
 """
 from __future__ import annotations
@@ -50,6 +53,7 @@ ARCH = dict(vocab_size=600, hidden_size=64, intermediate_size=128, num_hidden_la
             vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
             num_attention_heads=16, num_key_value_heads=8, head_dim=128)
 LAYER_LOOP = os.environ.get("LAYER_LOOP", "auto")  # the sampler's (sampling.SamplingSettings)
+KEY_LAYOUT = os.environ.get("KEY_LAYOUT")  # overrides the platform's (decode.DECODE_TUNING)
 LONG_NEW = 32 if TINY else 512
 LIMITS = dict(make_model=90, hf=90, ours=120, longtail=120, hf_longtail=60, train=240,
               train_big=100)  # 13.7 min in all
@@ -149,10 +153,23 @@ def decode_bytes(cfg, P, G, S0, mean_len) -> dict:
   return dict(weights=weights, prompt_kv=P * S0 * per_slot, generated_kv=P * G * mean_len * per_slot)
 
 
+def tuned() -> dict:
+  """The decode tuning the phase runs with: the platform's, with KEY_LAYOUT's key layout."""
+  import dataclasses
+  import jax
+  from jaxrl_llm.sampling import decode
+  platform = jax.devices()[0].platform
+  if KEY_LAYOUT:
+    decode.DECODE_TUNING[platform] = dataclasses.replace(decode.DECODE_TUNING[platform],
+                                                         key_layout=KEY_LAYOUT)
+  return dict(layer_loop=LAYER_LOOP, key_layout=decode.DECODE_TUNING[platform].key_layout)
+
+
 def ours(path):
   import jax
   import numpy as np
   from jaxrl_llm import models, sampling, sharding
+  tuning = tuned()
   t = time.perf_counter()
   mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   model = models.from_pretrained(path, dtype="bfloat16", mesh=mesh)
@@ -182,7 +199,7 @@ def ours(path):
        bandwidth_fraction=sum(moved.values()) / bw / step_s,
        min_len=int(np.asarray(out.lengths).min()),
        peak_gib=stats.get("peak_bytes_in_use", 0) / 2**30, jax=jax.__version__,
-       device=str(jax.devices()[0]))
+       device=str(jax.devices()[0]), **tuning)
 
 
 def longtail_budgets():
@@ -197,6 +214,7 @@ def longtail(path):
   import jax
   import numpy as np
   from jaxrl_llm import models, sampling, sharding
+  tuning = tuned()
   mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   model = models.from_pretrained(path, dtype="bfloat16", mesh=mesh)
   ps, budgets = prompts(), longtail_budgets()
@@ -224,7 +242,7 @@ def longtail(path):
   emit("longtail", useful_tokens=useful, new=LONG_NEW, engines=found,
        bandwidth_bytes_per_s=bw, continuous_bytes=needed,
        continuous_bandwidth_fraction=needed / bw / c["total_s"], jax=jax.__version__,
-       device=str(jax.devices()[0]))
+       device=str(jax.devices()[0]), **tuning)
 
 
 def hf_longtail(path):
@@ -251,13 +269,17 @@ def hf_longtail(path):
   emit("hf_longtail", useful_tokens=useful, total_s=total, tokens_per_s=useful / total)
 
 
-def _run(phase, args, out_dir, env):
+def _run(phase, args, out_dir, env, deadline):
   log = os.path.join(out_dir, f"{phase}.log")
   t = time.perf_counter()
+  limit = min(LIMITS[phase], deadline - t)
+  if limit < 20:
+    print(f"== {phase}: skipped, {max(0, deadline - t):.0f} s of BUDGET_S left", flush=True)
+    return None
   try:
     with open(log, "w") as f:
       rc = subprocess.run(args, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                          timeout=LIMITS[phase]).returncode
+                          timeout=limit).returncode
   except subprocess.TimeoutExpired:
     rc = "timeout"
   results = [json.loads(line.split(" ", 1)[1]) for line in open(log) if line.startswith("RESULT ")]
@@ -278,16 +300,18 @@ def main():
   step = [sys.executable, os.path.join(HERE, "train_step.py"),
           f"--shape={'tiny' if TINY else 'qwen3_0_6b'}", "--warmup=1", "--steps=3",
           "--set=model.remat=none"]  # the memory fits: no recomputation (MFU counts none)
-  results = {
-      "make_model": _run("make_model", me + ["make_model", model_dir], out_dir, env),
-      "hf": _run("hf", me + ["hf", model_dir], out_dir, env),
-      "ours": _run("ours", me + ["ours", model_dir], out_dir, env),
-      "longtail": _run("longtail", me + ["longtail", model_dir], out_dir, env),
-      "hf_longtail": _run("hf_longtail", me + ["hf_longtail", model_dir], out_dir, env),
-      "train": _run("train", step, out_dir, env),
-      "train_big": _run("train_big", step + ["--memory_only", "--run_update", "--micro_batch=128",
-                                             "--prompts=64", "--new_tokens=256"], out_dir, env),
+  phases = {  # in order of what matters most when BUDGET_S cuts the run short
+      "make_model": me + ["make_model", model_dir],
+      "ours": me + ["ours", model_dir],
+      "train": step,
+      "hf": me + ["hf", model_dir],
+      "longtail": me + ["longtail", model_dir],
+      "hf_longtail": me + ["hf_longtail", model_dir],
+      "train_big": step + ["--memory_only", "--run_update", "--micro_batch=128", "--prompts=64",
+                           "--new_tokens=256"],
   }
+  deadline = time.perf_counter() + float(os.environ.get("BUDGET_S", sum(LIMITS.values())))
+  results = {name: _run(name, args, out_dir, env, deadline) for name, args in phases.items()}
   with open(os.path.join(out_dir, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
   o, h, t = results["ours"], results["hf"], results["train"]
