@@ -13,7 +13,8 @@ through `tuning(model)` (`jaxrl_llm.platform.of`):
     On a GPU the scan's slices are copied too: one H200, a Qwen3-0.6B shape (28 layers,
     bf16), 512 rows x 128 new tokens after 128-token prompts (bench/gpu.py, 2026-12-04):
     scanned 12.5 ms per decode step (16% of the copy bandwidth its bytes need), unrolled
-    6.4 ms (28%), first call 10 s -> 34 s. So a GPU unrolls every model of a published
+    6.4 ms (28%), first call 10 s -> 34 s, peak memory 9.5 -> 11.3 GiB (the unstacked
+    copy of the weights lives for the call). So a GPU unrolls every model of a published
     depth (up to 64 layers) and pays the compile once per run.
   rope_by_matmul: repeat the halves of RoPE's angles by a matmul with [I I] (exact: one
     product by 1 per output) instead of a concatenation, which XLA's CPU backend fuses
