@@ -61,11 +61,6 @@ def check_envs(config) -> None:
     raise ConfigError(f"config.sources {single} have no env while others do: expected every "
                       "source of a multi-turn run to name an environment (a single-turn source "
                       "can be one whose environment is done after the first turn)")
-  if jax.process_count() > 1:
-    kind = "agent" if multi[0].env["agent"] else "env"
-    raise ConfigError(f"{multi[0].field}.{kind}={multi[0].env[kind]!r}: multi-turn episodes are "
-                      f"played on one process for now, and this run has {jax.process_count()}: "
-                      "expected one process")
   algo = config.algo
   for field, value, expected in (
       ("algo.dynamic_sampling.enabled", algo.dynamic_sampling.enabled, False),

@@ -39,7 +39,8 @@ runs, and the parts of a program: decode weights, prefill), `output` (`SampleOut
 `turns` (multi-turn episodes over a KV cache kept between turns, `TurnSampler`).
 """
 from jaxrl_llm.sampling import continuous
-from jaxrl_llm.sampling.choose import choose_tokens, gumbel_noise, request_keys, token_keys
+from jaxrl_llm.sampling.choose import (choose_tokens, gumbel_noise, numbered_keys, request_keys,
+                                       token_keys)
 from jaxrl_llm.sampling.decode import (DECODE_TUNING, DecodeTuning, decode_weight_shardings,
                                        unrolls_layers)
 from jaxrl_llm.sampling.sampler import (DEFAULT_BUCKETS, GENERATE_CACHE_SIZE, SampleOutput,
@@ -53,4 +54,4 @@ __all__ = ["CONTINUOUS_FROM_NEW_TOKENS", "DECODE_TUNING", "DEFAULT_BUCKETS", "De
            "ENGINES", "GENERATE_CACHE_SIZE", "LAYER_LOOPS", "SampleOutput", "Sampler",
            "SamplingSettings", "TurnOutput", "TurnSampler", "WEIGHT_LAYOUTS", "bucket_length", "choose_tokens", "continuous",
            "decode_weight_shardings", "eos_ids", "free_generate_cache", "generate", "gumbel_noise",
-           "left_pad", "pad_id", "request_keys", "token_keys", "unrolls_layers"]
+           "left_pad", "numbered_keys", "pad_id", "request_keys", "token_keys", "unrolls_layers"]

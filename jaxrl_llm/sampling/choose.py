@@ -50,7 +50,13 @@ def gumbel_noise(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 def request_keys(key: jax.Array, num_requests: int, first=0) -> jax.Array:
   """One key per request: fold_in(key, r) for r in [first, first + num_requests)."""
-  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, first + jnp.arange(num_requests))
+  return numbered_keys(key, first + jnp.arange(num_requests))
+
+
+def numbered_keys(key: jax.Array, numbers) -> jax.Array:
+  """One key per request number: fold_in(key, r) for r in `numbers` (request_keys' rule for
+  requests numbered out of order, e.g. by their row in a batch spanning processes)."""
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(numbers, jnp.int32))
 
 
 def token_keys(keys_B: jax.Array, t) -> jax.Array:

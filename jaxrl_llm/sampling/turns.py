@@ -157,8 +157,10 @@ class TurnSampler:
                             compiler_options=models.COMPILER_OPTIONS)
     self.state, self.column, self.keys_B = None, 0, None
 
-  def start(self, model: models.Model, rows: int, key: jax.Array) -> None:
-    """Empties the cache for `rows` new episodes whose keys fold from `key`."""
+  def start(self, model: models.Model, rows: int, key: jax.Array,
+            numbers: Sequence[int] | None = None) -> None:
+    """Empties the cache for `rows` new episodes whose keys fold from `key`: episode b's
+    by b, or by `numbers[b]` (its row in a batch spanning processes)."""
     if model.mesh is not None:
       raise ValueError("TurnSampler runs one device's episodes; place the model without a mesh")
     cfg = model.config
@@ -172,7 +174,7 @@ class TurnSampler:
                            next_position_B=jnp.zeros((rows,), jnp.int32),
                            drawn_B=jnp.zeros((rows,), jnp.int32))
     self.column = 0
-    self.keys_B = choose.request_keys(key, rows)
+    self.keys_B = choose.numbered_keys(key, range(rows) if numbers is None else numbers)
 
   def turn(self, model: models.Model, new_tokens: Sequence[Sequence[int]],
            budgets: Sequence[int]) -> TurnOutput:

@@ -81,6 +81,8 @@ class Evaluator:
   def __call__(self, policy) -> dict[str, float]:
     values: dict[str, list] = {}
     valid: list[np.ndarray] = []
+    if self.player is not None:  # one copy on this process's first device for every batch
+      policy = episodes.local_model(policy)
     for batch in data.sequential_batches(self.dataset, self.batch_size,
                                          process_index=jax.process_index(),
                                          process_count=jax.process_count()):
@@ -94,6 +96,9 @@ class Evaluator:
     metrics = {f"eval/{self.prefix}reward/{k}" if k else f"eval/{self.prefix}reward_mean":
                float(v.sum() / count.sum()) for k, v in sums.items()}
     tools = self.player.tool_stats() if self.player is not None else {}
+    if tools:  # every process's calls
+      tools = {k: int(v.sum()) for k, v in distributed.concat(
+          {k: np.asarray([v]) for k, v in tools.items()}).items()}
     if tools.get("calls"):  # the valid-call rate of the held-out episodes (padding included)
       metrics[f"eval/{self.prefix}env/tool_ok_frac"] = tools["ok"] / tools["calls"]
     return metrics

@@ -70,6 +70,11 @@ REWRITING = envs.CHAR_TOOL_CHAT_TEMPLATE.replace(
     "{{ message['content'] }}{% endif %}")
 
 
+def counts(**nonzero) -> dict[str, int]:
+  """An agent player's `tool_stats`: every count, zero but `nonzero`."""
+  return {name: nonzero.get(name, 0) for name in agents.COUNTS}
+
+
 def log_softmax_of(model, tokens):
   """The policy's float32 log-probs of each token given those before it."""
   ids = jnp.asarray([tokens], jnp.int32)
@@ -192,7 +197,7 @@ class AgentEpisodesTest(absltest.TestCase):
     try:
       played = player.play(model, [{"prompt": "1+1"}] * 3, [0, 1, 2], jax.random.PRNGKey(0))
       self.assertEqual([ep.ended for ep in played], ["env_error"] * 3)
-      self.assertEqual(player.tool_stats(), {"agent_calls": 3, "agent_errors": 3})
+      self.assertEqual(player.tool_stats(), counts(agent_calls=3, agent_errors=3))
     finally:
       player.close()
 
@@ -201,14 +206,14 @@ class AgentEpisodesTest(absltest.TestCase):
     try:
       played = player.play(model, [{"prompt": "1+1"}] * 2, [0, 1], jax.random.PRNGKey(0))
       self.assertEqual([ep.ended for ep in played], ["env_error"] * 2)
-      self.assertEqual(player.tool_stats(), {"agent_calls": 0, "agent_timeouts": 2})
+      self.assertEqual(player.tool_stats(), counts(agent_timeouts=2))
     finally:
       player.close()
     player, model = self.player("silent")
     try:
       played = player.play(model, [{"prompt": "1+1"}], [0], jax.random.PRNGKey(0))
       self.assertEqual(played[0].ended, "env_error")
-      self.assertEqual(player.tool_stats(), {"agent_calls": 0, "agent_no_calls": 1})
+      self.assertEqual(player.tool_stats(), counts(agent_no_calls=1))
     finally:
       player.close()
 

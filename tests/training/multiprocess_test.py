@@ -1,8 +1,9 @@
 """Two processes x 4 CPU devices, joined by `jax.distributed`, train like 1 process x 8.
 
 Both runs are the real command line. In the two-process run each process loads its own
-half of the prompts, samples and scores them, and the update steps run on global arrays
-over one 2 x 2 x 2 mesh spanning both processes; process 0 alone writes the logs.
+half of the prompts, samples and scores them (or plays their episodes with its own
+environments), and the update steps run on global arrays over one 2 x 2 x 2 mesh spanning
+both processes; process 0 alone writes the logs.
 """
 import json
 import os
@@ -33,6 +34,24 @@ CONFIG = textwrap.dedent("""
       config.logging.rollouts_every = 2
       config.rewards.functions = ("tests.training.test_rewards:count_a",)
       config.rewards.weights = (1.0,)
+      return config
+""")
+
+# The calculator agent (its shipped warm start, its tool environment) with asynchronous
+# rollouts: each process plays its own records' episodes on its first device.
+MULTI_TURN_CONFIG = textwrap.dedent("""
+    from configs import grpo_calculator
+
+    def get_config():
+      config = grpo_calculator.get_config("steps=3")
+      config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
+      config.algo.max_async_level = 1
+      config.train.prompts_per_step = 4
+      config.train.micro_batch_size = 16
+      config.train.eval_every = 3
+      config.data.task_options = dict(config.data.task_options, num_eval=8)
+      config.checkpoint.every = 2
+      config.logging.rollouts_every = 2
       return config
 """)
 
@@ -90,6 +109,45 @@ class MultiProcessTest(absltest.TestCase):
     # rollouts.jsonl holds both processes' completions, in the order one process logs them.
     want, got = (read_rows(d, "rollouts.jsonl") for d in (one, two))
     self.assertLen(got, 8)  # step 2: 2 prompts x 4 samples
+    for a, b in zip(want, got):
+      np.testing.assert_allclose(b.pop("behaviour_logprobs"), a.pop("behaviour_logprobs"),
+                                 atol=2e-5)
+      self.assertEqual(a, b)
+
+
+class MultiTurnMultiProcessTest(absltest.TestCase):
+
+  def test_episodes_on_two_processes_match_one(self):
+    """Multi-turn episodes with asynchronous rollouts: each process plays its own records'
+    episodes; metrics, held-out accuracy and the episodes logged equal one process's."""
+    tmp = self.create_tempdir().full_path
+    config_path = os.path.join(tmp, "calculator_two_by_four.py")
+    with open(config_path, "w") as f:
+      f.write(MULTI_TURN_CONFIG)
+    one, two = os.path.join(tmp, "one"), os.path.join(tmp, "two")
+    address = f"127.0.0.1:{free_port()}"
+    procs = [launch(config_path, two, 4, f"--coordinator_address={address}",
+                    "--num_processes=2", f"--process_id={i}") for i in range(2)]
+    outputs = [p.communicate(timeout=900)[0].decode(errors="replace") for p in procs]
+    for i, (p, out) in enumerate(zip(procs, outputs)):
+      self.assertEqual(p.returncode, 0, f"process {i}:\n{out[-4000:]}")
+    single = launch(config_path, one, 8)
+    out = single.communicate(timeout=900)[0].decode(errors="replace")
+    self.assertEqual(single.returncode, 0, out[-4000:])
+
+    want, got = read_rows(one), read_rows(two)
+    self.assertEqual([r["step"] for r in got], [0, 1, 2, 3])
+    self.assertIn("env/tool_calls", got[1])
+    self.assertIn("eval/env/tool_ok_frac", got[-1])
+    self.assertTrue(all(r["async/staleness_max"] <= 1 for r in got[1:]), got)
+    for a, b in zip(want, got):
+      a, b = comparable(a), comparable(b)
+      self.assertEqual(a.keys(), b.keys())
+      for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=2e-4, atol=2e-5, err_msg=f"step {a['step']} {k}")
+    self.assertTrue(os.path.isdir(os.path.join(two, "checkpoints", "2")))
+    want, got = (read_rows(d, "rollouts.jsonl") for d in (one, two))
+    self.assertLen(got, 16)  # step 2: 4 records x 4 episodes, both processes'
     for a, b in zip(want, got):
       np.testing.assert_allclose(b.pop("behaviour_logprobs"), a.pop("behaviour_logprobs"),
                                  atol=2e-5)

@@ -70,13 +70,14 @@ class AdmittedEpisodePlayer(EpisodePlayer):
     return self.engine
 
   def play(self, model: models.Model, records: Sequence[dict], indices: Sequence[int],
-           key: jax.Array) -> list[episode_lib.Episode]:
+           key: jax.Array, rows: Sequence[int] | None = None) -> list[episode_lib.Episode]:
     """One episode per record (repeat a record for G episodes), all ended. `model`: on one
-    device (`episodes.local_model`); episode b draws from fold_in(key, b)."""
+    device (`episodes.local_model`); episode b draws from fold_in(key, b), or
+    fold_in(key, rows[b]) (its row in a batch spanning processes)."""
     engine = self._serve(model, len(records))
     if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
       key = jax.random.key_data(key)
-    keys = np.asarray(sampling.choose.request_keys(key, len(records)))
+    keys = np.asarray(sampling.numbered_keys(key, range(len(records)) if rows is None else rows))
     jobs = [(engine, dict(r), f"{self.name}, record {int(i)}", keys[b])
             for b, (r, i) in enumerate(zip(records, indices))]
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as drivers:

@@ -121,6 +121,10 @@ def episode_from_calls(calls: Sequence[serving.Call], end_of_turn: int, eos: int
   return samples[0], untrained
 
 
+COUNTS = ("agent_calls", "agent_samples", "agent_untrained_calls", "agent_errors",
+          "agent_timeouts", "agent_no_calls")  # `AgentPlayer.tool_stats`
+
+
 class AgentPlayer:
   """Plays batches of one agent source's episodes (see the module docstring); the same
   interface as `episodes.EpisodePlayer`.
@@ -165,20 +169,21 @@ class AgentPlayer:
     self.engine.publish(model, self.version)
 
   def play(self, model: models.Model, records: Sequence[dict], indices: Sequence[int],
-           key: jax.Array) -> list[episode_lib.Episode]:
+           key: jax.Array, rows: Sequence[int] | None = None) -> list[episode_lib.Episode]:
     """One episode per record (repeat a record for G episodes), as the trajectory of its
-    last call; episode b's calls draw from fold_in(key, b). `model`: on one device
-    (`episodes.local_model`)."""
-    return [samples[-1] for samples in self.play_samples(model, records, indices, key, 1)]
+    last call; episode b's calls draw from fold_in(key, b), or fold_in(key, rows[b]) (its
+    row in a batch spanning processes). `model`: on one device (`episodes.local_model`)."""
+    return [samples[-1] for samples in self.play_samples(model, records, indices, key, 1, rows)]
 
   def play_samples(self, model: models.Model, records: Sequence[dict],
-                   indices: Sequence[int], key: jax.Array, most: int
-                   ) -> list[list[episode_lib.Episode]]:
+                   indices: Sequence[int], key: jax.Array, most: int,
+                   rows: Sequence[int] | None = None) -> list[list[episode_lib.Episode]]:
     """`play`, each episode as up to `most` trajectories, oldest first (`episode_samples`);
     the last carries the reward."""
     self._serve(model)
+    rows = range(len(records)) if rows is None else rows
     jobs = [(dict(r), int(i), _raw_key(jax.random.fold_in(key, b)), most)
-            for b, (r, i) in enumerate(zip(records, indices))]
+            for b, r, i in zip(rows, records, indices)]
     return asyncio.run_coroutine_threadsafe(self._play_all(jobs), self.loop).result()
 
   async def _play_all(self, jobs) -> list[list[episode_lib.Episode]]:
@@ -234,9 +239,10 @@ class AgentPlayer:
     self.counts[name] = self.counts.get(name, 0) + n
 
   def tool_stats(self) -> dict[str, int]:
-    """The agents' counts since the last call (`env/agent_*`)."""
+    """The agents' counts since the last call (`env/agent_*`), every one of `COUNTS` (the
+    same keys on every process, for the summary's collective)."""
     counts, self.counts = self.counts, {}
-    return counts
+    return {name: counts.get(name, 0) for name in COUNTS}
 
   def close(self) -> None:
     if self.client is not None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import queue
 from typing import Sequence
 
@@ -44,9 +45,22 @@ MODEL = episode_lib.MODEL
 
 
 def local_model(policy: models.Model) -> models.Model:
-  """The policy on this process's first device, without a mesh (what TurnSampler runs)."""
-  device = jax.local_devices()[0]
-  return models.Model(jax.device_put(policy.params, device), policy.config)
+  """The policy on this process's first device, without a mesh (what TurnSampler and the
+  serving engine run). Parameters sharded across processes are first replicated over their
+  mesh by one program, which every process issues (`async_rollouts.ProgramOrder` orders it
+  with the others); each process keeps the copy on its first device."""
+  device, params = jax.local_devices()[0], policy.params
+  if policy.mesh is not None and jax.process_count() > 1:
+    replicated = _replicate(policy.mesh)(params)
+    params = jax.tree.map(lambda x: next(s.data for s in x.addressable_shards
+                                         if s.device == device), replicated)
+  return models.Model(jax.device_put(params, device), policy.config)
+
+
+@functools.cache
+def _replicate(mesh):
+  return jax.jit(lambda params: params,
+                 out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
 def turn_settings(settings: sampling.SamplingSettings, end_of_turn: int) -> sampling.SamplingSettings:
@@ -110,9 +124,10 @@ class EpisodePlayer:
     return envs.as_step_result(envs.call_env(env, "step", conversation, where=where), where)
 
   def play(self, model: models.Model, records: Sequence[dict], indices: Sequence[int],
-           key: jax.Array) -> list[episode_lib.Episode]:
+           key: jax.Array, rows: Sequence[int] | None = None) -> list[episode_lib.Episode]:
     """One episode per record (repeat a record for G episodes), all ended. `model`: on one
-    device (`local_model`); episode b draws from fold_in(key, b) (`TurnSampler`)."""
+    device (`local_model`); episode b draws from fold_in(key, b), or fold_in(key, rows[b])
+    (`TurnSampler`; its row in a batch spanning processes)."""
     T, N = self.fields["max_episode_tokens"], self.settings.max_new_tokens
     where = [f"{self.name}, record {int(i)}" for i in indices]
     episodes = self._each(self._reset, list(zip(records, where)))
@@ -125,7 +140,7 @@ class EpisodePlayer:
                             f"which leaves no room within {self.source.field}."
                             f"max_episode_tokens={T}: expected more")
     new = [list(ep.tokens) if ep.ended is None else [] for ep in episodes]
-    self.sampler.start(model, len(episodes), key)
+    self.sampler.start(model, len(episodes), key, rows)
     for turn in range(1, self.fields["max_turns"] + 1):
       budgets = [min(N, T - len(ep.tokens)) if ep.ended is None else 0 for ep in episodes]
       if not any(budgets):

@@ -44,12 +44,15 @@ class EpisodeRollouts:
     self.agents = any(s.env.get("agent") for s in plan.sources)
     self.K = plan.samples_per_episode
 
-  def start(self, policy, key: jax.Array) -> Rollout:
-    """Plays the step's episodes (on this process's first device: `local_model`)."""
-    return self.play(local_model(policy), next(self.batches), key)
+  def start(self, policy, key: jax.Array) -> tuple:
+    """The step's batch, and the policy on this process's first device (`local_model`, the
+    one program every process issues together); `finish` plays the episodes."""
+    return local_model(policy), next(self.batches), key
 
-  def finish(self, pending: Rollout) -> Rollout:
-    return pending
+  def finish(self, pending: tuple) -> Rollout:
+    """Plays the episodes of this process's records (no collective: while another thread's
+    programs run)."""
+    return self.play(*pending)
 
   def summarize(self, rollout: Rollout) -> dict[str, float]:
     return summary.summarize(rollout.stats, self.score_rows.names, self.algo)
@@ -107,22 +110,24 @@ class EpisodeRollouts:
 
   def _play_sources(self, model, batch: data.RecordBatch, sources: np.ndarray, key: jax.Array):
     """(each of the B episodes' trajectories, prompt-major (one, or an agent's up to K); the
-    tool-call counts): each source's records played by its player, from
-    fold_in(key, source index)."""
-    G = self.G
-    samples: list = [None] * (len(batch.records) * G)
+    tool-call counts, the same keys on every process): each source's records played by its
+    player, episode r of the step's global batch (this process's rows come after the
+    earlier processes') from fold_in(fold_in(key, source index), r), so that what an episode
+    samples does not depend on how many processes share the batch."""
+    G, B = self.G, len(batch.records) * self.G
+    samples: list = [None] * B
     tool_stats: dict[str, int] = {}
     for i, player in enumerate(self.players):
       prompts = np.flatnonzero(sources == i)
-      if not prompts.size:
-        continue
       rows = [p * G + g for p in prompts for g in range(G)]
-      args = (model, [batch.records[p] for p in prompts for _ in range(G)],
-              [batch.indices[p] for p in prompts for _ in range(G)], jax.random.fold_in(key, i))
-      played = (player.play_samples(*args, self.K) if self.K > 1
-                else [[ep] for ep in player.play(*args)])
-      for r, s in zip(rows, played):
-        samples[r] = s
+      if rows:
+        args = (model, [batch.records[p] for p in prompts for _ in range(G)],
+                [batch.indices[p] for p in prompts for _ in range(G)], jax.random.fold_in(key, i))
+        numbers = [jax.process_index() * B + r for r in rows]
+        played = (player.play_samples(*args, self.K, numbers) if self.K > 1
+                  else [[ep] for ep in player.play(*args, numbers)])
+        for r, s in zip(rows, played):
+          samples[r] = s
       for k, v in player.tool_stats().items():
         tool_stats[k] = tool_stats.get(k, 0) + v
     return samples, tool_stats
