@@ -11,6 +11,7 @@ parameter's memory is not split as the rules ask (tiny test models with odd size
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence
 
@@ -298,15 +299,22 @@ def transfer(tree, shardings):
          for x, s in zip(leaves, targets)]
   staged = [i for i, o in enumerate(out) if o is None]
   if staged:
-    whole = jax.jit(lambda xs: xs, out_shardings=[
-        NamedSharding(leaves[i].sharding.mesh, PartitionSpec()) for i in staged])(
-            [leaves[i] for i in staged])
+    whole = _whole_on(tuple(leaves[i].sharding.mesh for i in staged))(
+        [leaves[i] for i in staged])
     for i, w in zip(staged, whole):
       local = w.addressable_shards[0].data  # the whole value, on one of this process's devices
       pieces = [jax.device_put(local[index], device) for device, index in
                 targets[i].addressable_devices_indices_map(w.shape).items()]
       out[i] = jax.make_array_from_single_device_arrays(w.shape, targets[i], pieces)
   return treedef.unflatten(out)
+
+
+@functools.cache
+def _whole_on(meshes: tuple):
+  """The program that replicates a list of arrays over their meshes (one per array),
+  compiled once per list of meshes and shapes."""
+  return jax.jit(lambda xs: xs, out_shardings=[NamedSharding(m, PartitionSpec())
+                                               for m in meshes])
 
 
 def put_process_rows(x, names: tuple, mesh: Mesh, rules: Rules) -> jax.Array:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
 import queue
 from typing import Sequence
 
@@ -38,6 +37,7 @@ import jax
 import numpy as np
 
 from jaxrl_llm import envs, models, platform, sampling
+from jaxrl_llm import sharding as sh
 from jaxrl_llm.config.sources import Source
 from jaxrl_llm.envs import episode as episode_lib
 
@@ -46,21 +46,16 @@ MODEL = episode_lib.MODEL
 
 def local_model(policy: models.Model) -> models.Model:
   """The policy on this process's first device, without a mesh (what TurnSampler and the
-  serving engine run). Parameters sharded across processes are first replicated over their
-  mesh by one program, which every process issues (`async_rollouts.ProgramOrder` orders it
-  with the others); each process keeps the copy on its first device."""
-  device, params = jax.local_devices()[0], policy.params
-  if policy.mesh is not None and jax.process_count() > 1:
-    replicated = _replicate(policy.mesh)(params)
-    params = jax.tree.map(lambda x: next(s.data for s in x.addressable_shards
-                                         if s.device == device), replicated)
-  return models.Model(jax.device_put(params, device), policy.config)
-
-
-@functools.cache
-def _replicate(mesh):
-  return jax.jit(lambda params: params,
-                 out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  serving engine run). Parameters sharded across processes are copied by `sh.transfer`:
+  replicated over their mesh by one program, which every process issues
+  (`async_rollouts.ProgramOrder` orders it with the others), each process keeping the copy
+  on its first device."""
+  device = jax.local_devices()[0]
+  if jax.process_count() == 1:
+    return models.Model(jax.device_put(policy.params, device), policy.config)
+  here = jax.sharding.SingleDeviceSharding(device)
+  return models.Model(sh.transfer(policy.params, jax.tree.map(lambda _: here, policy.params)),
+                      policy.config)
 
 
 def turn_settings(settings: sampling.SamplingSettings, end_of_turn: int) -> sampling.SamplingSettings:
