@@ -75,23 +75,59 @@ def read_rows(workdir, name="metrics.jsonl"):
     return [json.loads(line) for line in f]
 
 
+def train_on_two_processes(test, config_spec, workdir) -> list[str]:
+  """Trains `config_spec` on 2 processes x 4 CPU devices in `workdir`; their outputs."""
+  address = f"127.0.0.1:{free_port()}"
+  procs = [launch(config_spec, workdir, 4, f"--coordinator_address={address}",
+                  "--num_processes=2", f"--process_id={i}") for i in range(2)]
+  outputs = [p.communicate(timeout=900)[0].decode(errors="replace") for p in procs]
+  for i, (p, out) in enumerate(zip(procs, outputs)):
+    test.assertEqual(p.returncode, 0, f"{config_spec}, process {i}:\n{out[-4000:]}")
+  return outputs
+
+
+def train_on_one_process(test, config_spec, workdir) -> None:
+  """Trains `config_spec` on 1 process x 8 CPU devices in `workdir`, from the command line."""
+  single = launch(config_spec, workdir, 8)
+  out = single.communicate(timeout=900)[0].decode(errors="replace")
+  test.assertEqual(single.returncode, 0, out[-4000:])
+
+
+def assert_same_metrics(test, want: list[dict], got: list[dict], what: str = "") -> None:
+  """Every logged row's comparable metrics equal, at the multi-process tolerance."""
+  for a, b in zip(want, got):
+    a, b = comparable(a), comparable(b)
+    test.assertEqual(a.keys(), b.keys())
+    for k in a:
+      np.testing.assert_allclose(b[k], a[k], rtol=2e-4, atol=2e-5,
+                                 err_msg=f"{what}step {a['step']} {k}")
+
+
+def assert_same_rollouts(test, one: str, two: str, rows: int) -> None:
+  """rollouts.jsonl holds both processes' rows, in the order one process logs them."""
+  want, got = (read_rows(d, "rollouts.jsonl") for d in (one, two))
+  test.assertLen(got, rows)
+  for a, b in zip(want, got):
+    np.testing.assert_allclose(b.pop("behaviour_logprobs"), a.pop("behaviour_logprobs"),
+                               atol=2e-5)
+    test.assertEqual(a, b)
+
+
+def write_config(tmp: str, name: str, text: str) -> str:
+  path = os.path.join(tmp, name)
+  with open(path, "w") as f:
+    f.write(text)
+  return path
+
+
 class MultiProcessTest(absltest.TestCase):
 
   def test_two_processes_of_four_devices_match_one_of_eight(self):
     tmp = self.create_tempdir().full_path
-    config_path = os.path.join(tmp, "two_by_four.py")
-    with open(config_path, "w") as f:
-      f.write(CONFIG)
+    config_path = write_config(tmp, "two_by_four.py", CONFIG)
     one, two = os.path.join(tmp, "one"), os.path.join(tmp, "two")
-    address = f"127.0.0.1:{free_port()}"
-    procs = [launch(config_path, two, 4, f"--coordinator_address={address}",
-                    "--num_processes=2", f"--process_id={i}") for i in range(2)]
-    outputs = [p.communicate(timeout=900)[0].decode(errors="replace") for p in procs]
-    for i, (p, out) in enumerate(zip(procs, outputs)):
-      self.assertEqual(p.returncode, 0, f"process {i}:\n{out[-4000:]}")
-    single = launch(config_path, one, 8)
-    out = single.communicate(timeout=900)[0].decode(errors="replace")
-    self.assertEqual(single.returncode, 0, out[-4000:])
+    outputs = train_on_two_processes(self, config_path, two)
+    train_on_one_process(self, config_path, one)
 
     # Process 0 alone printed the config and wrote the logs.
     self.assertIn("num_samples", outputs[0])
@@ -99,20 +135,10 @@ class MultiProcessTest(absltest.TestCase):
     want, got = read_rows(one), read_rows(two)
     self.assertEqual([r["step"] for r in got], [0, 1, 2, 3])  # 0: the eval at the start
     self.assertIn("eval/reward_mean", got[-1])
-    for a, b in zip(want, got):
-      a, b = comparable(a), comparable(b)
-      self.assertEqual(a.keys(), b.keys())
-      for k in a:
-        np.testing.assert_allclose(b[k], a[k], rtol=2e-4, atol=2e-5, err_msg=f"step {a['step']} {k}")
+    assert_same_metrics(self, want, got)
     self.assertTrue(os.path.isdir(os.path.join(two, "checkpoints", "2")))
     self.assertTrue(os.path.exists(os.path.join(two, "export", "model.safetensors")))
-    # rollouts.jsonl holds both processes' completions, in the order one process logs them.
-    want, got = (read_rows(d, "rollouts.jsonl") for d in (one, two))
-    self.assertLen(got, 8)  # step 2: 2 prompts x 4 samples
-    for a, b in zip(want, got):
-      np.testing.assert_allclose(b.pop("behaviour_logprobs"), a.pop("behaviour_logprobs"),
-                                 atol=2e-5)
-      self.assertEqual(a, b)
+    assert_same_rollouts(self, one, two, 8)  # step 2: 2 prompts x 4 samples
 
 
 class MultiTurnMultiProcessTest(absltest.TestCase):
@@ -121,37 +147,19 @@ class MultiTurnMultiProcessTest(absltest.TestCase):
     """Multi-turn episodes with asynchronous rollouts: each process plays its own records'
     episodes; metrics, held-out accuracy and the episodes logged equal one process's."""
     tmp = self.create_tempdir().full_path
-    config_path = os.path.join(tmp, "calculator_two_by_four.py")
-    with open(config_path, "w") as f:
-      f.write(MULTI_TURN_CONFIG)
+    config_path = write_config(tmp, "calculator_two_by_four.py", MULTI_TURN_CONFIG)
     one, two = os.path.join(tmp, "one"), os.path.join(tmp, "two")
-    address = f"127.0.0.1:{free_port()}"
-    procs = [launch(config_path, two, 4, f"--coordinator_address={address}",
-                    "--num_processes=2", f"--process_id={i}") for i in range(2)]
-    outputs = [p.communicate(timeout=900)[0].decode(errors="replace") for p in procs]
-    for i, (p, out) in enumerate(zip(procs, outputs)):
-      self.assertEqual(p.returncode, 0, f"process {i}:\n{out[-4000:]}")
-    single = launch(config_path, one, 8)
-    out = single.communicate(timeout=900)[0].decode(errors="replace")
-    self.assertEqual(single.returncode, 0, out[-4000:])
+    train_on_two_processes(self, config_path, two)
+    train_on_one_process(self, config_path, one)
 
     want, got = read_rows(one), read_rows(two)
     self.assertEqual([r["step"] for r in got], [0, 1, 2])
     self.assertIn("env/tool_calls", got[1])
     self.assertIn("eval/env/tool_ok_frac", got[-1])
     self.assertTrue(all(r["async/staleness_max"] <= 1 for r in got[1:]), got)
-    for a, b in zip(want, got):
-      a, b = comparable(a), comparable(b)
-      self.assertEqual(a.keys(), b.keys())
-      for k in a:
-        np.testing.assert_allclose(b[k], a[k], rtol=2e-4, atol=2e-5, err_msg=f"step {a['step']} {k}")
+    assert_same_metrics(self, want, got)
     self.assertTrue(os.path.isdir(os.path.join(two, "checkpoints", "2")))
-    want, got = (read_rows(d, "rollouts.jsonl") for d in (one, two))
-    self.assertLen(got, 16)  # step 2: 4 records x 4 episodes, both processes'
-    for a, b in zip(want, got):
-      np.testing.assert_allclose(b.pop("behaviour_logprobs"), a.pop("behaviour_logprobs"),
-                                 atol=2e-5)
-      self.assertEqual(a, b)
+    assert_same_rollouts(self, one, two, 16)  # step 2: 4 records x 4 episodes
 
 
 class AsyncMultiProcessTest(absltest.TestCase):
@@ -161,24 +169,14 @@ class AsyncMultiProcessTest(absltest.TestCase):
     tmp = self.create_tempdir().full_path
     one, two = os.path.join(tmp, "one"), os.path.join(tmp, "two")
     config_path = os.path.join(ROOT, "tests", "training", "async_configs.py")
-    address = f"127.0.0.1:{free_port()}"
-    procs = [launch(f"{config_path}:{placement}", two, 4, f"--coordinator_address={address}",
-                    "--num_processes=2", f"--process_id={i}") for i in range(2)]
-    outputs = [p.communicate(timeout=900)[0].decode(errors="replace") for p in procs]
-    for i, (p, out) in enumerate(zip(procs, outputs)):
-      self.assertEqual(p.returncode, 0, f"{placement}, process {i}:\n{out[-4000:]}")
+    train_on_two_processes(self, f"{config_path}:{placement}", two)
     training.train(async_configs.get_config(placement), one)  # this process: 8 devices
 
     want, got = read_rows(one), read_rows(two)
     self.assertEqual([r["step"] for r in got], [1, 2, 3, 4])  # each step logged once
     self.assertEqual([r["async/policy_version"] for r in got], [0, 0, 1, 2])
     self.assertTrue(all(r["async/staleness_max"] <= 1 for r in got), got)
-    for a, b in zip(want, got):
-      a, b = comparable(a), comparable(b)
-      self.assertEqual(a.keys(), b.keys())
-      for k in a:
-        np.testing.assert_allclose(b[k], a[k], rtol=2e-4, atol=2e-5,
-                                   err_msg=f"{placement}: step {a['step']} {k}")
+    assert_same_metrics(self, want, got, f"{placement}: ")
     self.assertTrue(os.path.isdir(os.path.join(two, "checkpoints", "4")))
 
   def test_shared_placement(self):
