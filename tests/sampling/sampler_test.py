@@ -274,9 +274,12 @@ class LayerLoopTest(parameterized.TestCase):
     self.assertFalse(unrolls(deepest + 1))  # compile time stays flat
     self.assertTrue(unrolls(28, "unrolled"))
     self.assertFalse(unrolls(2, "scan"))
-    # The one platform query decides: accelerators always scan.
-    with mock.patch.object(platform, "of", lambda mesh=None: "gpu"):
+    # The one platform query decides: a TPU always scans, a GPU unrolls every published depth.
+    with mock.patch.object(platform, "of", lambda mesh=None: "tpu"):
       self.assertFalse(unrolls(2))
+    with mock.patch.object(platform, "of", lambda mesh=None: "gpu"):
+      self.assertTrue(unrolls(64))
+      self.assertFalse(unrolls(65))
     with self.assertRaisesRegex(ValueError, "layer_loop='both'"):
       sampling.SamplingSettings(1, 1, layer_loop="both")
 
