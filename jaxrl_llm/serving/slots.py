@@ -172,6 +172,24 @@ def extend(model: models.Model, st: SlotState, slot, tokens_1C, mask_1C, key, te
                mask_1W[0], (key, temperature, top_p, want_top, budget), layout, s)
 
 
+def refill(model: models.Model, st: SlotState, slot, tokens_1S, mask_1S, layout: Layout,
+           s: SamplingSettings) -> SlotState:
+  """Slot `slot`'s keys and values recomputed under `model` (new weights) for the columns it
+  has fed: `tokens_1S`, `mask_1S` are its row as admitted (the left-padded prompt, then its
+  chosen tokens but the last, right-padded to S columns, a multiple of the page size); the
+  request goes on decoding from its last chosen token, which the next step feeds."""
+  unrolled = isinstance(st.pool, tuple)
+  model, tune = decode.decode_model(model, s, unrolled)
+  cache, _, _ = decode.prefill(model, tokens_1S, mask_1S, tune, unrolled)
+  return st.replace(pool=kv_cache.put_pages(st.pool, kv_cache.as_pages(cache, layout.page_size),
+                                            slot * layout.pages_per_slot))
+
+
+def stop(st: SlotState, slot) -> SlotState:
+  """Slot `slot`'s request is dropped (the slot is free; its tokens are not read)."""
+  return st.replace(live=st.live.at[slot].set(False))
+
+
 def _take(st: SlotState, slot, logits_1V, prompt_cols, position, mask_W, request, layout,
           s) -> SlotState:
   """Slot `slot` starts a request whose prompt fills its first `prompt_cols` columns

@@ -1,0 +1,179 @@
+"""Generations that outlive a weight publish (partial rollouts): the serving engine's slot
+programs driven from the caller's thread, in an order fixed by the requests alone.
+
+```python
+engine = serving.PartialEngine(model, sampling_settings, layout, version=0)
+engine.submit(0, prompt_ids, budget=512, key=key_data)
+done = engine.run(lambda finished: len(finished) >= 8)  # decode until 8 have ended
+engine.publish(new_model, version=1, oldest=0)          # the others go on under new weights
+```
+
+Unlike `Engine` (a thread that admits requests whenever they arrive), nothing here depends
+on timing: `run` admits waiting requests into free slots in submission order, decodes one
+chunk at a time (a chunk stops early when a request ends while others wait) and checks the
+caller's condition after each chunk. So which tokens each weight version samples is fixed by
+the requests, their keys and the order of `publish` and `run` calls, and a run is
+reproducible.
+
+At `publish` every request still decoding goes on under the new weights. Its keys and
+values are recomputed (`slots.refill`: one prefill of its prompt and its tokens so far), so
+each token's behaviour log-prob is that of one forward of the version that sampled it, over
+the whole sequence; keeping the old keys and values would save the prefill but make the
+later tokens' log-probs those of no single policy. A request whose first token is older
+than `oldest` is restarted from its prompt instead (same key; counted in `restarted`).
+Every token records the version that sampled it (`Finished.versions`).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm import models
+from jaxrl_llm.sampling.sampler import left_pad
+from jaxrl_llm.sampling.settings import SamplingSettings
+from jaxrl_llm.serving import slots
+from jaxrl_llm.serving.engine import prompt_columns
+from jaxrl_llm.serving.slots import Layout
+
+
+@dataclasses.dataclass
+class Track:
+  """A request: the caller's `id`, its `prompt` ids, `budget` new tokens at most, `key`
+  (raw key data); while decoding, its prompt's `columns` in the slot and `stretches`,
+  (first token index, version) of each run of tokens one version sampled."""
+  id: int
+  prompt: list[int]
+  budget: int
+  key: np.ndarray
+  columns: int = 0
+  stretches: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Finished:
+  """An ended request: `tokens` (an EOS included), their behaviour `logprobs`, the policy
+  `versions` that sampled them, and `eos` (False: it reached its budget or the context)."""
+  id: int
+  tokens: list[int]
+  logprobs: list[float]
+  versions: list[int]
+  eos: bool
+
+
+class PartialEngine:
+  """Requests decoded across weight versions in a fixed order (module docstring).
+
+  Args:
+    model: the policy on one device (no mesh), version `version`.
+    settings: its `SamplingSettings` (temperature, top-p, EOS and pad ids).
+    layout: slots, context, page size and chunk steps (`slots.Layout`).
+  """
+
+  def __init__(self, model: models.Model, settings: SamplingSettings, layout: Layout,
+               version: int = 0):
+    if model.mesh is not None:
+      raise ValueError("serving.PartialEngine runs on one device; place the model without a "
+                       "mesh")
+    self.settings, self.layout = settings, layout
+    self.model, self.version = model, version
+    jit = lambda fn: jax.jit(fn, donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
+    self._admit = jit(lambda m, st, *a: slots.admit(m, st, *a, layout, settings))
+    self._refill = jit(lambda m, st, *a: slots.refill(m, st, *a, layout, settings))
+    self._chunk = jit(lambda m, st, stop: slots.decode_chunk(m, st, stop, layout, settings))
+    self._stop = jax.jit(slots.stop, donate_argnums=(0,))
+    self._state = slots.init_state(model, layout, settings)
+    self.waiting: collections.deque[Track] = collections.deque()
+    self.running: dict[int, Track] = {}
+    self.restarted = 0
+
+  def submit(self, id_: int, prompt: list[int], budget: int, key) -> None:
+    """Queues a request (after those waiting)."""
+    Q = self.layout.page_size
+    if not prompt or -(-len(prompt) // Q) * Q + budget > self.layout.context:
+      raise ValueError(f"a prompt of {len(prompt)} tokens (whole pages of {Q}) and budget="
+                       f"{budget} new tokens do not fit the context of {self.layout.context}: "
+                       "expected at least one prompt token and a larger context")
+    self.waiting.append(Track(id_, list(prompt), budget, np.asarray(key, np.uint32)))
+
+  def publish(self, model: models.Model, version: int, oldest: int | None = None) -> None:
+    """The weights from now on: requests decoding go on under `model` (their keys and values
+    recomputed), except those whose first token's version is below `oldest`, which start
+    again from their prompt, ahead of the waiting ones."""
+    self.model, self.version = model, version
+    if not self.running:
+      return
+    st = self._state
+    lengths, tokens = jax.device_get((st.length, st.tokens))
+    again = []
+    for slot, track in sorted(self.running.items()):
+      if oldest is not None and track.stretches[0][1] < oldest:
+        self._state = self._stop(self._state, jnp.int32(slot))
+        again.append(track)
+        continue
+      n = int(lengths[slot])
+      self._state = self._refill(model, self._state, jnp.int32(slot),
+                                 *self._row(track, tokens[slot, :n - 1]))
+      track.stretches.append((n, version))
+    for track in again:
+      del self.running[[m for m, t in self.running.items() if t is track][0]]
+      track.stretches = []
+    self.restarted += len(again)
+    self.waiting.extendleft(reversed(again))
+
+  def run(self, enough) -> list[Finished]:
+    """Decodes until `enough(ended so far)` or nothing is left; returns the ended requests
+    in the order they ended (within a chunk, by slot)."""
+    finished: list[Finished] = []
+    while (self.waiting or self.running) and not enough(finished):
+      self._admit_waiting()
+      self._state = self._chunk(self.model, self._state, jnp.asarray(bool(self.waiting)))
+      finished += self._ended()
+    return finished
+
+  def _row(self, track: Track, fed: np.ndarray):
+    """(tokens, mask) [1, S] of a request's fed columns (prompt, then tokens), right-padded
+    to whole pages, a power of two of them while that fits its slot."""
+    prompt, prompt_mask = left_pad([track.prompt], track.columns, self.settings.pad_id)
+    C, n = track.columns, track.columns + len(fed)
+    Q, PP = self.layout.page_size, self.layout.pages_per_slot
+    pages = -(-n // Q)
+    S = min(1 << (pages - 1).bit_length(), PP) * Q
+    tokens, mask = np.full((1, S), self.settings.pad_id, np.int32), np.zeros((1, S), np.int32)
+    tokens[0, :C], mask[0, :C] = np.asarray(prompt)[0], np.asarray(prompt_mask)[0]
+    tokens[0, C:n], mask[0, C:n] = fed, 1
+    return jnp.asarray(tokens), jnp.asarray(mask)
+
+  def _admit_waiting(self) -> None:
+    s = self.settings
+    free = [m for m in range(self.layout.slots) if m not in self.running]
+    while self.waiting and free:
+      slot, track = free.pop(0), self.waiting.popleft()
+      track.columns = prompt_columns(len(track.prompt), track.budget, self.layout)
+      tokens, mask = left_pad([track.prompt], track.columns, s.pad_id)
+      self._state = self._admit(self.model, self._state, jnp.int32(slot), tokens, mask,
+                                track.key, jnp.float32(s.temperature), jnp.float32(s.top_p),
+                                jnp.asarray(False), jnp.int32(track.budget))
+      track.stretches = [(0, self.version)]
+      self.running[slot] = track
+
+  def _ended(self) -> list[Finished]:
+    live = np.asarray(jax.device_get(self._state.live))
+    ended = sorted(m for m in self.running if not live[m])
+    if not ended:
+      return []
+    st = self._state
+    tokens, logprobs, lengths, eos = jax.device_get((st.tokens, st.logprobs, st.length,
+                                                     st.ended_eos))
+    out = []
+    for m in ended:
+      track, n = self.running.pop(m), int(lengths[m])
+      versions = np.zeros(n, np.int64)
+      for first, version in track.stretches:
+        versions[first:] = version
+      out.append(Finished(track.id, tokens[m, :n].tolist(), logprobs[m, :n].tolist(),
+                          versions.tolist(), bool(eos[m])))
+    return out
