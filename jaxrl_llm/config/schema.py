@@ -325,6 +325,18 @@ def source_config(data: str = "task:arithmetic", weight: float = 1.0) -> ConfigD
   })
 
 
+def rollouts_config() -> ConfigDict:
+  """How sampled rollouts are produced, beside `algo.max_async_level`."""
+  return ConfigDict({
+      # Partial rollouts (needs algo.max_async_level >= 1, single-turn sources): one engine per
+      # process stays full across steps, a step's batch is the first prompts_per_step groups to
+      # finish, and a generation still decoding at a publish goes on under the new weights (its
+      # keys and values recomputed); every token keeps its version and log-prob, and a sample
+      # whose oldest token would exceed the staleness bound starts again.
+      "partial": False,
+  })
+
+
 def checkpoint_config() -> ConfigDict:
   """orbax checkpoints in WORKDIR/checkpoints (a workdir holding one resumes from it)."""
   return ConfigDict({
@@ -355,6 +367,7 @@ def base_config() -> ConfigDict:
   config.train = train_config()
   config.data = data_config(config.sampling)
   config.rewards = rewards_config()
+  config.rollouts = rollouts_config()
   # Mixed sources: NAME -> source_config(), in name order; empty = one source, config.data and
   # config.rewards
   config.sources = ConfigDict()

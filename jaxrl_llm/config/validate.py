@@ -55,6 +55,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_sources(config)
     env_checks.check_envs(config)
     _check_routing_replay(config, devices)
+    _check_partial(config)
     _check_teacher(config)
     reward_checks.check_rewards(config)  # resolves the functions, checks the weights
     if workdir is not None:
@@ -302,6 +303,32 @@ def _check_routing_replay(config, devices) -> None:
           f"engine={s.engine!r} with max_new_tokens={s.max_new_tokens} is continuous on {where})")
   if any(source.multi_turn for source in sources_lib.run_sources(config)):
     _fail("algo.routing_replay", "rollout", "'off': multi-turn episodes do not record experts")
+
+
+def _check_partial(config) -> None:
+  """Partial rollouts stream single-turn samples through one engine per process."""
+  partial = config.rollouts.partial
+  if not isinstance(partial, bool):
+    _fail("rollouts.partial", partial, "True or False")
+  if not partial:
+    return
+  why = None
+  if config.algo.max_async_level < 1:
+    why = "False, or config.algo.max_async_level >= 1 (generations span the publishes of the " \
+          "asynchronous pipeline)"
+  elif config.data.completions != "sample":
+    why = "False: the rollouts are the dataset's completions (data.completions='dataset')"
+  elif any(source.multi_turn for source in sources_lib.run_sources(config)):
+    why = "False: episodes are admitted turn by turn instead (multi-turn sources)"
+  elif config.algo.dynamic_sampling.enabled:
+    why = "False, or algo.dynamic_sampling.enabled=False (a step takes the first groups to finish)"
+  elif config.algo.routing_replay != "off":
+    why = "False, or algo.routing_replay='off' (the engine does not record experts)"
+  elif config.sampling.top_k:
+    why = f"False, or sampling.top_k=0 (the engine samples with temperature and top-p; got " \
+          f"top_k={config.sampling.top_k})"
+  if why:
+    _fail("rollouts.partial", True, why)
 
 
 def _times_agent_samples(config) -> str:

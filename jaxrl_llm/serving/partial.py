@@ -4,7 +4,7 @@ programs driven from the caller's thread, in an order fixed by the requests alon
 ```python
 engine = serving.PartialEngine(model, sampling_settings, layout, version=0)
 engine.submit(0, prompt_ids, budget=512, key=key_data)
-done = engine.run(lambda finished: len(finished) >= 8)  # decode until 8 have ended
+done = engine.run(lambda ended: True)         # decode until a request ends
 engine.publish(new_model, version=1, oldest=0)          # the others go on under new weights
 ```
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -85,19 +86,24 @@ class PartialEngine:
     self._refill = jit(lambda m, st, *a: slots.refill(m, st, *a, layout, settings))
     self._chunk = jit(lambda m, st, stop: slots.decode_chunk(m, st, stop, layout, settings))
     self._stop = jax.jit(slots.stop, donate_argnums=(0,))
+    self._place = jax.jit(slots.place, donate_argnums=(0,))
     self._state = slots.init_state(model, layout, settings)
     self.waiting: collections.deque[Track] = collections.deque()
     self.running: dict[int, Track] = {}
     self.restarted = 0
 
-  def submit(self, id_: int, prompt: list[int], budget: int, key) -> None:
-    """Queues a request (after those waiting)."""
+  def submit(self, id_: int, prompt: list[int], budget: int, key, first: bool = False) -> None:
+    """Queues a request after those waiting (`first`: before them)."""
     Q = self.layout.page_size
     if not prompt or -(-len(prompt) // Q) * Q + budget > self.layout.context:
       raise ValueError(f"a prompt of {len(prompt)} tokens (whole pages of {Q}) and budget="
                        f"{budget} new tokens do not fit the context of {self.layout.context}: "
                        "expected at least one prompt token and a larger context")
-    self.waiting.append(Track(id_, list(prompt), budget, np.asarray(key, np.uint32)))
+    track = Track(id_, list(prompt), budget, np.asarray(key, np.uint32))
+    if first:
+      self.waiting.appendleft(track)
+    else:
+      self.waiting.append(track)
 
   def publish(self, model: models.Model, version: int, oldest: int | None = None) -> None:
     """The weights from now on: requests decoding go on under `model` (their keys and values
@@ -124,15 +130,55 @@ class PartialEngine:
     self.restarted += len(again)
     self.waiting.extendleft(reversed(again))
 
-  def run(self, enough) -> list[Finished]:
-    """Decodes until `enough(ended so far)` or nothing is left; returns the ended requests
-    in the order they ended (within a chunk, by slot)."""
+  def run(self, stop: Callable[[list[Finished]], bool]) -> list[Finished]:
+    """Decodes chunk after chunk until `stop(the requests that just ended)` says so or
+    nothing is left; returns the ended requests in the order they ended (within a chunk,
+    by slot)."""
     finished: list[Finished] = []
-    while (self.waiting or self.running) and not enough(finished):
+    while self.waiting or self.running:
       self._admit_waiting()
       self._state = self._chunk(self.model, self._state, jnp.asarray(bool(self.waiting)))
-      finished += self._ended()
+      ended = self._ended()
+      finished += ended
+      if ended and stop(ended):
+        break
     return finished
+
+  def snapshot(self) -> dict:
+    """The engine's requests as plain data (JSON-ready): the waiting ones in order, and each
+    decoding one with its slot, its tokens and log-probs so far. A new engine `restore`s
+    them; its next `publish` recomputes their keys and values."""
+    st = self._state
+    lengths, tokens, logprobs = jax.device_get((st.length, st.tokens, st.logprobs))
+    running = []
+    for slot, track in sorted(self.running.items()):
+      n = int(lengths[slot])
+      running.append(dict(_as_data(track), slot=slot, tokens=tokens[slot, :n].tolist(),
+                          logprobs=logprobs[slot, :n].tolist()))
+    return {"version": self.version, "restarted": self.restarted,
+            "waiting": [_as_data(t) for t in self.waiting], "running": running}
+
+  def restore(self, snapshot: dict) -> None:
+    """Takes the requests of `snapshot` (of an engine with the same layout and settings)
+    into this one, which holds none; call `publish` before `run`."""
+    if self.waiting or self.running:
+      raise ValueError("restore: the engine already holds requests")
+    s, W = self.settings, self.layout.context
+    self.restarted = snapshot["restarted"]
+    self.waiting.extend(_track(t) for t in snapshot["waiting"])
+    for item in snapshot["running"]:
+      track, n = _track(item), len(item["tokens"])
+      row, mask = self._row(track, np.asarray(item["tokens"][:n - 1], np.int32))
+      pad = lambda values, dtype: np.pad(np.asarray(values, dtype), (0, W - n))
+      mask_W = np.zeros((W,), np.int32)
+      mask_W[:row.shape[1]] = np.asarray(mask)[0]
+      self._state = self._place(
+          self._state, jnp.int32(item["slot"]),
+          (track.key, jnp.float32(s.temperature), jnp.float32(s.top_p), jnp.int32(track.budget)),
+          jnp.int32(n), jnp.int32(item["tokens"][-1]), jnp.int32(track.columns),
+          jnp.int32(len(track.prompt)), mask_W, pad(item["tokens"], np.int32),
+          pad(item["logprobs"], np.float32))
+      self.running[item["slot"]] = track
 
   def _row(self, track: Track, fed: np.ndarray):
     """(tokens, mask) [1, S] of a request's fed columns (prompt, then tokens), right-padded
@@ -177,3 +223,15 @@ class PartialEngine:
       out.append(Finished(track.id, tokens[m, :n].tolist(), logprobs[m, :n].tolist(),
                           versions.tolist(), bool(eos[m])))
     return out
+
+
+def _as_data(track: Track) -> dict:
+  return {"id": track.id, "prompt": track.prompt, "budget": track.budget,
+          "key": track.key.tolist(), "columns": track.columns,
+          "stretches": [list(x) for x in track.stretches]}
+
+
+def _track(data: dict) -> Track:
+  return Track(data["id"], list(data["prompt"]), data["budget"],
+               np.asarray(data["key"], np.uint32), data["columns"],
+               [tuple(x) for x in data["stretches"]])

@@ -185,6 +185,22 @@ def refill(model: models.Model, st: SlotState, slot, tokens_1S, mask_1S, layout:
                                             slot * layout.pages_per_slot))
 
 
+def place(st: SlotState, slot, request, length, token, prompt_cols, position, mask_W, tokens_W,
+          logprobs_W) -> SlotState:
+  """Slot `slot` holds a request restored mid-way (`length` tokens chosen, the last `token`
+  not yet fed), its keys and values not yet computed: `refill` them before decoding.
+  `request`: (key, temperature, top_p, budget)."""
+  key, temperature, top_p, budget = request
+  at = lambda x, v: x.at[slot].set(v)
+  return st.replace(
+      live=at(st.live, True), ended_eos=at(st.ended_eos, False), length=at(st.length, length),
+      budget=at(st.budget, budget), token=at(st.token, token),
+      prompt_cols=at(st.prompt_cols, prompt_cols), position=at(st.position, position),
+      keys=at(st.keys, key), temperature=at(st.temperature, temperature),
+      top_p=at(st.top_p, top_p), want_top=at(st.want_top, False), mask=at(st.mask, mask_W),
+      tokens=at(st.tokens, tokens_W), logprobs=at(st.logprobs, logprobs_W))
+
+
 def stop(st: SlotState, slot) -> SlotState:
   """Slot `slot`'s request is dropped (the slot is free; its tokens are not read)."""
   return st.replace(live=st.live.at[slot].set(False))

@@ -96,7 +96,8 @@ class RolloutPipeline:
     copy: trained parameters -> a copy where the sampler keeps them (`Models.sampler_copy`).
     as_policy: such a copy -> the `Model` it samples (`Models.on_sampler`).
     start, steps: the first step to sample and the end of the run.
-    max_async_level: k >= 1.
+    max_async_level: k >= 0 (0: each step's rollout from the version trained just before it,
+      still sampled in the thread; partial rollouts use k - 1, `rollouts.partial`).
     step_key: `step -> PRNG key` (the same keys the synchronous loop uses).
   """
 
@@ -167,9 +168,14 @@ class RolloutPipeline:
           params = self._wait_for(version)
           if params is None:
             return
-          pending = self.rollouts.start(self.as_policy(params), self.step_key(step))
+          policy, key = self.as_policy(params), self.step_key(step)
+          pending = (self.rollouts.start(policy, key, step=step, version=version)
+                     if getattr(self.rollouts, "spans_versions", False)
+                     else self.rollouts.start(policy, key))
         rollout = self.rollouts.finish(pending)
-        rollout.step, rollout.policy_version = step, version
+        rollout.step = step
+        if rollout.policy_version is None:  # else the source's own (its oldest token's)
+          rollout.policy_version = version
         self._out.put(rollout)
     except Closed:
       return

@@ -51,12 +51,15 @@ class Feed:
         sampling.pad_id(tokenizer))
     self.rollouts = rollouts.for_plan(plan, settings, data.PromptFormat.from_config(config),
                                     tokenizer, training_batches(config, plan, start))
+    if start.in_flight and plan.partial:  # samples a checkpoint kept in flight
+      self.rollouts.restore(start.in_flight)
     self.pipeline = None
     if plan.max_async_level > 0:
       self.pipeline = async_rollouts.RolloutPipeline(
           self.rollouts, setup.models.sampler_copy, setup.models.on_sampler,
-          start=start.step,
-          steps=config.train.steps, max_async_level=plan.max_async_level,
+          start=start.step, steps=config.train.steps,
+          # partial rollouts sample one update fresher (`rollouts.partial`, "Versions")
+          max_async_level=plan.max_async_level - plan.partial,
           step_key=self.step_key)
     self.staleness: list[int] = []  # per step since the last `async_metrics`
 

@@ -21,7 +21,7 @@ import time
 import jax
 import numpy as np
 
-from jaxrl_llm import models, paths
+from jaxrl_llm import distributed, models, paths
 from jaxrl_llm import config as config_lib
 from jaxrl_llm.training import evaluation, feed as feed_lib, flops, guards
 from jaxrl_llm.training import metrics as metrics_lib
@@ -152,6 +152,8 @@ def _checkpoint_meta(config, plan, setup, done: int, rollout, guard) -> dict:
   """What a checkpoint records beside the state: the position, the skip counters, and what
   a resume checks (`resume.check`)."""
   positions = {} if rollout.mixed is None else {"source_positions": rollout.mixed.positions}
+  if rollout.in_flight is not None:  # every process's (a collective; all checkpoint together)
+    positions["in_flight"] = distributed.gather_strings([rollout.in_flight])
   return {"step": done, "data_position": rollout.position, **positions, **guard.state(),
           "fingerprint": resume.fingerprint(setup.models.policy.config, plan.value_model,
                                             plan.baselines),

@@ -41,6 +41,8 @@ class Plan:
     corrects_behaviour: recomputed old log-probs are compared with the recorded ones
       (`algo.tis_cap`, `algo.behaviour_mask`).
     max_async_level: rollouts sampled up to this many updates ahead (0: synchronous).
+    partial: generations span publishes, a step's batch the first groups to finish
+      (`config.rollouts.partial`; `rollouts.partial`).
     rollout_devices: devices of the sampler's own mesh (0: it shares the trainer's).
     updates_per_step: optimizer updates per step (passes x minibatches).
     rows_per_prompt: training rows of each prompt: G, times an agent episode's samples
@@ -61,6 +63,7 @@ class Plan:
   rollout_devices: int
   updates_per_step: int
   rows_per_prompt: int = 1
+  partial: bool = False
 
   @property
   def samples_per_episode(self) -> int:
@@ -76,6 +79,8 @@ class Plan:
                 else "the dataset's completions")
     if self.max_async_level:
       rollouts += f", up to {self.max_async_level} updates ahead"
+    if self.partial:
+      rollouts += ", generations spanning publishes (the first groups to finish)"
     if self.rollout_devices:
       rollouts += f", on {self.rollout_devices} devices of their own"
     return "\n".join([
@@ -150,4 +155,5 @@ def make_plan(config) -> Plan:
       max_async_level=int(algo.max_async_level),
       rollout_devices=int(config.mesh.rollout_devices),
       updates_per_step=algo.num_iterations * algo.num_minibatches,
-      rows_per_prompt=sources_lib.rows_per_prompt(config))
+      rows_per_prompt=sources_lib.rows_per_prompt(config),
+      partial=bool(config.rollouts.partial))

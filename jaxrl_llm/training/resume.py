@@ -41,6 +41,7 @@ class Start:
   skipped_steps: int = 0
   consecutive_skips: int = 0
   source_positions: dict[str, int] | None = None  # a mixed run's items taken per source
+  in_flight: list[str] | None = None  # partial rollouts' samples in flight, per process
 
 
 def fingerprint(model_config: ModelConfig, value_model: bool, baselines: int = 0
@@ -145,4 +146,4 @@ def start_point(setup: setup_lib.Setup, ckpt: checkpoints.Checkpointer, latest: 
   state, meta = ckpt.restore(latest, setup.layout)
   return Start(state, int(meta["step"]), int(meta["data_position"]),
                int(meta.get("skipped_steps", 0)), int(meta.get("consecutive_skips", 0)),
-               meta.get("source_positions"))
+               meta.get("source_positions"), meta.get("in_flight"))

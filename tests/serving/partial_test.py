@@ -1,6 +1,8 @@
 """Partial rollouts on the serving engine's slots: a request that spans a publish goes on under
 the new weights, and each token's behaviour log-prob is one forward of the version that
 sampled it over the whole sequence (float32, 1e-5)."""
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +32,12 @@ def _forward_logprobs(model, prompt, tokens):
   return np.asarray(logp[at, np.asarray(tokens)])
 
 
+def _until(n):
+  """Stops a run once `n` requests have ended."""
+  ended = []
+  return lambda new: ended.extend(new) or len(ended) >= n
+
+
 class PartialEngineTest(absltest.TestCase):
 
   @classmethod
@@ -43,9 +51,9 @@ class PartialEngineTest(absltest.TestCase):
     engine = _engine(self.versions[0])
     for r, p in enumerate(self.prompts):
       engine.submit(r, p, BUDGETS[r], self.keys[r])
-    done = engine.run(lambda f: len(f) >= 1)
+    done = engine.run(_until(1))
     engine.publish(self.versions[1], 1)
-    done += engine.run(lambda f: len(f) >= 2)
+    done += engine.run(_until(2))
     engine.publish(self.versions[2], 2, oldest=oldest_at_2)
     return done + engine.run(lambda f: False), engine
 
@@ -68,6 +76,25 @@ class PartialEngineTest(absltest.TestCase):
     again, _ = self._play()  # the order is fixed by the requests: the same run again
     self.assertEqual([(f.id, f.tokens, f.versions) for f in again],
                      [(f.id, f.tokens, f.versions) for f in done])
+
+  def test_a_snapshot_restored_into_a_new_engine_goes_on_the_same(self):
+    want, _ = self._play()
+    engine = _engine(self.versions[0])
+    for r, p in enumerate(self.prompts):
+      engine.submit(r, p, BUDGETS[r], self.keys[r])
+    done = engine.run(_until(1))
+    snapshot = json.loads(json.dumps(engine.snapshot()))  # as a checkpoint keeps it
+    self.assertTrue(snapshot["running"] and snapshot["waiting"])
+    engine = _engine(self.versions[1])
+    engine.restore(snapshot)
+    engine.publish(self.versions[1], 1)
+    done += engine.run(_until(2))
+    engine.publish(self.versions[2], 2)
+    done += engine.run(lambda ended: False)
+    self.assertEqual([(f.id, f.tokens, f.versions) for f in done],
+                     [(f.id, f.tokens, f.versions) for f in want])
+    np.testing.assert_array_equal(np.concatenate([f.logprobs for f in done]),
+                                  np.concatenate([f.logprobs for f in want]))
 
   def test_requests_older_than_the_bound_start_again(self):
     done, engine = self._play(oldest_at_2=1)

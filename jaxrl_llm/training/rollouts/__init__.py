@@ -8,6 +8,7 @@ rewards), the parts some runs add, each typed and None otherwise (`Mixed` source
 `SamplingSettings` and `PromptFormat`, never the config:
 
   sampled     `SampledRollouts`: G completions per prompt, scored, DAPO's dynamic sampling;
+  partial     `PartialRollouts`: the same, from generations that span weight publishes;
   multi_turn  `EpisodeRollouts`: G episodes per prompt against each source's environment
               (`episodes` plays them), and `ConversationRollouts`: demonstrated ones (SFT);
   dataset     `DatasetRollouts`: each record's target completion (SFT).
@@ -27,6 +28,7 @@ from jaxrl_llm.training.rollouts.contract import (EpisodeParts, EpisodeStats, Hi
                                                   prompt_aligned_routing)
 from jaxrl_llm.training.rollouts.dataset import DatasetRollouts
 from jaxrl_llm.training.rollouts.multi_turn import ConversationRollouts, EpisodeRollouts
+from jaxrl_llm.training.rollouts.partial import PartialRollouts
 from jaxrl_llm.training.rollouts.sampled import SampledRollouts
 from jaxrl_llm.training.rollouts.train_batch import TrainBatch
 
@@ -38,6 +40,8 @@ def for_plan(plan: Plan, settings: sampling.SamplingSettings, prompt_format: dat
   multi_turn = any(s.multi_turn for s in plan.sources)
   if plan.completions == "sample" and multi_turn:
     return EpisodeRollouts(plan, settings, prompt_format, tokenizer, batches)
+  if plan.completions == "sample" and plan.partial:
+    return PartialRollouts(plan, settings, prompt_format, tokenizer, batches)
   if plan.completions == "sample":
     return SampledRollouts(plan, settings, prompt_format, tokenizer, batches,
                            sampling.Sampler(settings, prompt_format.buckets))
@@ -47,6 +51,6 @@ def for_plan(plan: Plan, settings: sampling.SamplingSettings, prompt_format: dat
 
 
 __all__ = ["ConversationRollouts", "DatasetRollouts", "EpisodeParts", "EpisodeRollouts",
-           "EpisodeStats", "Hinted", "Mixed", "RewardStats", "Rollout", "RolloutSource",
+           "EpisodeStats", "Hinted", "Mixed", "PartialRollouts", "RewardStats", "Rollout", "RolloutSource",
            "RolloutStats", "SampledRollouts", "TrainBatch", "decode_completions", "for_plan",
            "prompt_aligned_routing"]

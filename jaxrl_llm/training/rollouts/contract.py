@@ -111,7 +111,9 @@ class Rollout:
     routing: int32 [B, S0 + N, MoE layers, k], the experts an MoE policy's sampler routed
       each token to (-1: none recorded; `sampling.SampleOutput`), else None.
     step, policy_version: with asynchronous rollouts, the step this rollout is for and the
-      policy version (updates done) that sampled it; else None.
+      policy version (updates done) that sampled it (its oldest token's); else None.
+    in_flight: partial rollouts' samples still in flight after this batch, as JSON (what a
+      checkpoint stores, `rollouts.partial`), else None.
   """
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
@@ -133,6 +135,7 @@ class Rollout:
   routing: np.ndarray | None = None
   step: int | None = None
   policy_version: int | None = None
+  in_flight: str | None = None
 
   @property
   def attention(self) -> np.ndarray:
