@@ -27,9 +27,12 @@ Phases, each in its own process (torch and jax never share the device), each wit
               the fraction of the copy bandwidth the continuous engine's time implies
               (weights once per decode step, every token's attention over its own prefix)
   hf_longtail transformers `generate` on those lengths (EOS forced at each row's length)
+  partial     `bench/async.py --modes=tail,tail_partial` on the Qwen3-0.6B body (128-token
+              vocabulary, uniform next token: geometric lengths, mean 128, up to 512):
+              GRPO step time at max_async_level 1 without and with partial rollouts
 Each phase prints a RESULT line; the last lines are a summary. BUDGET_S=N ends the whole run
 within N seconds: each phase gets what is left, up to its own limit, in the order make_model,
-ours, train, hf, longtail, hf_longtail, train_big. Results go to $OUT (default
+ours, train, partial, hf, longtail, hf_longtail, train_big. Results go to $OUT (default
 /tmp/gpu_out) as logs and JSON.
 """
 from __future__ import annotations
@@ -56,7 +59,7 @@ LAYER_LOOP = os.environ.get("LAYER_LOOP", "auto")  # the sampler's (sampling.Sam
 KEY_LAYOUT = os.environ.get("KEY_LAYOUT")  # overrides the platform's (decode.DECODE_TUNING)
 LONG_NEW = 32 if TINY else 512
 LIMITS = dict(make_model=90, hf=90, ours=120, longtail=120, hf_longtail=60, train=240,
-              train_big=100)  # 13.7 min in all
+              partial=240, train_big=100)  # 17.7 min in all: BUDGET_S cuts the last
 
 
 def prompts():
@@ -304,6 +307,9 @@ def main():
       "make_model": me + ["make_model", model_dir],
       "ours": me + ["ours", model_dir],
       "train": step,
+      "partial": [sys.executable, os.path.join(HERE, "async.py"), "--modes=tail,tail_partial",
+                  f"--shape={'tiny' if TINY else 'qwen3_0_6b'}", "--devices=1", "--warmup=1",
+                  "--steps=2"],
       "hf": me + ["hf", model_dir],
       "longtail": me + ["longtail", model_dir],
       "hf_longtail": me + ["hf_longtail", model_dir],
@@ -340,6 +346,11 @@ def main():
     print(f"train step {t['step_s']:.3f} s (sample {t['sample_s']:.3f}, log-probs "
           f"{t['logprob_s']:.3f}, update {t['update_s']:.3f}); MFU {100 * t['mfu']:.1f}%, update "
           f"MFU {100 * t['update_mfu']:.1f}%; first step {t['first_step_s']:.1f} s")
+  pr = results["partial"]
+  if pr:
+    tail, part = pr["results"]
+    print(f"long-tailed GRPO step at max_async_level 1: {tail['step_time_s']:.2f} s, with partial "
+          f"rollouts {part['step_time_s']:.2f} s ({tail['step_time_s'] / part['step_time_s']:.2f}x)")
   big = results["train_big"]
   if big:
     p = big["policy_step"]

@@ -153,7 +153,7 @@ def _checkpoint_meta(config, plan, setup, done: int, rollout, guard) -> dict:
   a resume checks (`resume.check`)."""
   positions = {} if rollout.mixed is None else {"source_positions": rollout.mixed.positions}
   if rollout.in_flight is not None:  # every process's (a collective; all checkpoint together)
-    positions["in_flight"] = distributed.gather_strings([rollout.in_flight])
+    positions["in_flight"] = distributed.gather_strings([rollout.in_flight()])
   return {"step": done, "data_position": rollout.position, **positions, **guard.state(),
           "fingerprint": resume.fingerprint(setup.models.policy.config, plan.value_model,
                                             plan.baselines),

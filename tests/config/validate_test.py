@@ -55,6 +55,23 @@ class ValidateTest(parameterized.TestCase):
     config[group][key] = value
     self.assert_refused(config, message)
 
+  def test_partial_rollouts_name_what_they_need(self):
+    config = smoke.get_config()
+    config.rollouts.partial = True
+    self.assert_refused(config, "config.rollouts.partial=True: expected False, or "
+                        "config.algo.max_async_level >= 1 (generations span the publishes of "
+                        "the asynchronous pipeline)")
+    config.algo.max_async_level = 1
+    config_lib.validate(config)
+    config.algo.dynamic_sampling.enabled = True
+    self.assert_refused(config, "config.rollouts.partial=True: expected False, or "
+                        "algo.dynamic_sampling.enabled=False (a step takes the first groups to "
+                        "finish)")
+    config.algo.dynamic_sampling.enabled = False
+    config.sampling.top_k = 5
+    self.assertRaisesRegex(ConfigError, r"rollouts.partial=True: .*top_k=5",
+                           config_lib.validate, config)
+
   def test_a_field_left_to_the_user(self):
     self.assert_refused(config_lib.preset("opd:runlocal"), "config.teacher.path is required by "
                         "this preset: set it, e.g. --config.teacher.path=...")

@@ -3,7 +3,7 @@ the `RolloutSource` protocol every producer implements as an equal."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import jax
 import numpy as np
@@ -112,8 +112,8 @@ class Rollout:
       each token to (-1: none recorded; `sampling.SampleOutput`), else None.
     step, policy_version: with asynchronous rollouts, the step this rollout is for and the
       policy version (updates done) that sampled it (its oldest token's); else None.
-    in_flight: partial rollouts' samples still in flight after this batch, as JSON (what a
-      checkpoint stores, `rollouts.partial`), else None.
+    in_flight: partial rollouts' samples still in flight after this batch: a function that
+      writes them as JSON (what a checkpoint stores, `rollouts.partial`), else None.
   """
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
@@ -135,7 +135,7 @@ class Rollout:
   routing: np.ndarray | None = None
   step: int | None = None
   policy_version: int | None = None
-  in_flight: str | None = None
+  in_flight: Callable[[], str] | None = None
 
   @property
   def attention(self) -> np.ndarray:

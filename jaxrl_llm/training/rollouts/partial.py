@@ -106,7 +106,8 @@ class PartialRollouts(SampledRollouts):
                          for group in chosen for f in _samples(group)])
     rollout.policy_version = int(versions[versions >= 0].min())
     rollout.metrics.update(self._version_metrics(step, versions, restarted))
-    rollout.in_flight = json.dumps(self._snapshot(), default=_plain)
+    snapshot = self._snapshot()  # now: the next step's publish changes the engine
+    rollout.in_flight = lambda: json.dumps(snapshot, default=_plain)  # if a checkpoint asks
     return rollout
 
   def restore(self, in_flight: list[str]) -> None:
