@@ -33,7 +33,8 @@ class ValidateTest(parameterized.TestCase):
     self.assertEqual(str(caught.exception), message)
 
   @parameterized.parameters("smoke", "grpo:runlocal", "ppo:runlocal", "sft:runlocal",
-                            "configs/arithmetic.py:preset=mixed,runlocal")
+                            "configs/arithmetic.py:preset=mixed,runlocal", "cispo:runlocal",
+                            "gmpo:runlocal", "sapo:runlocal", "ipo:runlocal", "max_rl:runlocal")
   def test_presets_pass(self, name):
     config_lib.validate(config_lib.preset(name))
 
