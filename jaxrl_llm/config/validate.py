@@ -297,12 +297,16 @@ def _check_routing_replay(config, devices) -> None:
   s = config.sampling
   engine = sampling.settings.from_config(s, eos_ids=(), pad_id=0)
   where = platform.of() if devices is None else platform.device_platform(devices[0])
+  sources = sources_lib.run_sources(config)
+  if any(source.env.get("agent") for source in sources):
+    _fail("algo.routing_replay", "rollout", "'off': agent programs' calls through the "
+          "endpoint do not record experts")
+  if any(source.multi_turn for source in sources):
+    return  # both episode players record the experts of every token they feed
   if engine.resolved_engine(where) != "static":
     _fail("algo.routing_replay", "rollout", "'off', or config.sampling.engine='static' (the "
           "static engine records the experts; "
           f"engine={s.engine!r} with max_new_tokens={s.max_new_tokens} is continuous on {where})")
-  if any(source.multi_turn for source in sources_lib.run_sources(config)):
-    _fail("algo.routing_replay", "rollout", "'off': multi-turn episodes do not record experts")
 
 
 def _check_partial(config) -> None:

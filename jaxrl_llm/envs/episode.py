@@ -27,7 +27,7 @@ ends. After the last allowed turn the environment's step still runs (its reward 
 done count) but its reply is dropped: no model turn would read it.
 """
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from jaxrl_llm.envs import base
 from jaxrl_llm.envs import chat
@@ -54,6 +54,9 @@ class Episode:
     parts: (role, messages, tokens) of each stretch in order: the prompt, a model turn,
       an environment reply, ...
     ended: one of ENDINGS, None while running.
+    routing: an MoE policy's experts int32 [fed tokens, MoE layers, k] of `tokens` in order
+      (those fed to the model: all but the last model token; routing replay's record), or
+      None.
   """
   tokens: list[int] = dataclasses.field(default_factory=list)
   roles: list[str] = dataclasses.field(default_factory=list)
@@ -65,6 +68,7 @@ class Episode:
   parts: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
   ended: str | None = None
   tools: list[dict] | None = None
+  routing: Any = None
 
   @classmethod
   def start(cls, renderer: chat.ChatRenderer, messages: list[dict]) -> "Episode":

@@ -45,11 +45,14 @@ class TurnState:
     kv_mask_BW: int32 [B, W], 1 on the columns that hold each row's tokens.
     next_position_B: int32 [B], the position of each row's next token.
     drawn_B: int32 [B], model tokens each row has drawn so far (its key counter).
+    routing_BWLk: an MoE model's experts int32 [B, W, MoE layers, k] of the token each
+      column holds, once fed (-1: none; routing replay's record), else None.
   """
   cache: tuple | dict
   kv_mask_BW: jax.Array
   next_position_B: jax.Array
   drawn_B: jax.Array
+  routing_BWLk: jax.Array | None = None
 
 
 @struct.dataclass
@@ -73,8 +76,11 @@ def _turn_program(model: models.Model, st: TurnState, column, chunk_BC, chunk_ma
   kv_mask_BW = jax.lax.dynamic_update_slice(st.kv_mask_BW, chunk_mask_BC, (0, column))
   positions_BC = jnp.where(chunk_mask_BC > 0, st.next_position_B[:, None]
                            + jnp.cumsum(chunk_mask_BC, axis=1) - 1, 0)
-  hidden_BCD, cache = decode.forward(model, chunk_BC, positions_BC, kv_mask_BW, st.cache,
-                                     column, tune=tune, return_hidden=True)
+  moe = st.routing_BWLk is not None
+  hidden_BCD, cache, *routed = decode.forward(model, chunk_BC, positions_BC, kv_mask_BW,
+                                              st.cache, column, tune=tune, return_hidden=True,
+                                              with_router=moe)
+  routing = _record_experts(st.routing_BWLk, routed, chunk_mask_BC > 0, column)
   logits_BV = models.unembed(model, hidden_BCD[:, -1:])[:, 0]  # after each row's last token
   next_position_B = st.next_position_B + jnp.sum(chunk_mask_BC, axis=1)
   start = column + C
@@ -102,31 +108,43 @@ def _turn_program(model: models.Model, st: TurnState, column, chunk_BC, chunk_ma
   carry, token_B = record(carry, *draw(logits_BV, st.drawn_B, zeros_B, carry[4]))
 
   def cond(state):
-    (t, _, _, _, done_B, _, _), _, _, _ = state
+    (t, _, _, _, done_B, _, _), *_ = state
     return (t < N) & ~jnp.all(done_B)
 
   def step(state):  # feeds the token of column t - 1, chooses the token of column t
-    carry, token_B, kv_mask_BW, cache = state
+    carry, token_B, kv_mask_BW, cache, routing = state
     t, _, _, lengths_B, done_B, drawn_B, _ = carry
     slot = start + t - 1
     fed_B = ~done_B  # a row that just ended does not feed its last token
     kv_mask_BW = jax.lax.dynamic_update_slice(kv_mask_BW, fed_B.astype(jnp.int32)[:, None],
                                               (0, slot))
     positions_B1 = (next_position_B + lengths_B - 1)[:, None]
-    logits_B1V, cache = decode.forward(model, token_B[:, None], positions_B1, kv_mask_BW, cache,
-                                       slot, tune=tune)
+    logits_B1V, cache, *routed = decode.forward(model, token_B[:, None], positions_B1,
+                                                kv_mask_BW, cache, slot, tune=tune,
+                                                with_router=moe)
+    routing = _record_experts(routing, routed, fed_B[:, None], slot)
     carry, token_B = record(carry, *draw(logits_B1V[:, 0], drawn_B, lengths_B, done_B))
-    return carry, token_B, kv_mask_BW, cache
+    return carry, token_B, kv_mask_BW, cache, routing
 
-  carry, token_B, kv_mask_BW, cache = jax.lax.while_loop(
-      cond, step, (carry, token_B, kv_mask_BW, cache))
+  carry, token_B, kv_mask_BW, cache, routing = jax.lax.while_loop(
+      cond, step, (carry, token_B, kv_mask_BW, cache, routing))
   t, tokens_BN, logprobs_BN, lengths_B, _, drawn_B, ended_B = carry
   # The last token of each turn is not fed yet: the next call's chunk starts with it.
   out = TurnOutput(tokens=tokens_BN, logprobs=logprobs_BN, lengths=lengths_B, ended=ended_B)
   state = TurnState(cache=kv_cache.own_part(cache), kv_mask_BW=kv_mask_BW,
                     next_position_B=next_position_B + jnp.maximum(lengths_B - 1, 0),
-                    drawn_B=drawn_B)
+                    drawn_B=drawn_B, routing_BWLk=routing)
   return out, state, t - 1
+
+
+def _record_experts(routing_BWLk, routed, fed_BC, column):
+  """`routing_BWLk` with the experts of the C tokens fed at `column` written there (-1 where
+  a row fed nothing); unchanged without a record."""
+  if routing_BWLk is None:
+    return None
+  experts_BCLk = jnp.where(fed_BC[:, :, None, None], routed[0]["experts"], -1)
+  return jax.lax.dynamic_update_slice(routing_BWLk, experts_BCLk.astype(jnp.int32),
+                                      (0, column, 0, 0))
 
 
 class TurnSampler:
@@ -170,9 +188,11 @@ class TurnSampler:
                                 decode.tuning(model).key_layout)
     if unrolled:
       cache = decode.per_layer(cache)
+    routing = None if not cfg.is_moe else jnp.full(
+        (rows, self.max_columns, cfg.num_moe_layers, cfg.num_experts_per_tok), -1, jnp.int32)
     self.state = TurnState(cache=cache, kv_mask_BW=jnp.zeros((rows, self.max_columns), jnp.int32),
                            next_position_B=jnp.zeros((rows,), jnp.int32),
-                           drawn_B=jnp.zeros((rows,), jnp.int32))
+                           drawn_B=jnp.zeros((rows,), jnp.int32), routing_BWLk=routing)
     self.column = 0
     self.keys_B = choose.numbered_keys(key, range(rows) if numbers is None else numbers)
 
@@ -215,6 +235,19 @@ class TurnSampler:
     grow = lambda c: kv_cache.pad_slots(c, extra)
     cache = self.state.cache
     cache = tuple(grow(c) for c in cache) if isinstance(cache, tuple) else grow(cache)
+    routing = self.state.routing_BWLk
+    if routing is not None:
+      routing = jnp.pad(routing, ((0, 0), (0, extra), (0, 0), (0, 0)), constant_values=-1)
     self.state = self.state.replace(
-        cache=cache, kv_mask_BW=jnp.pad(self.state.kv_mask_BW, ((0, 0), (0, extra))))
+        cache=cache, kv_mask_BW=jnp.pad(self.state.kv_mask_BW, ((0, 0), (0, extra))),
+        routing_BWLk=routing)
     self.max_columns = columns
+
+  def routing(self) -> list[np.ndarray] | None:
+    """An MoE model's record: each row's experts int32 [tokens fed, MoE layers, k], its
+    tokens in order (the prompt, its turns but the last token, the environment's replies);
+    None for a dense model."""
+    if self.state is None or self.state.routing_BWLk is None:
+      return None
+    routing, mask = jax.device_get((self.state.routing_BWLk, self.state.kv_mask_BW))
+    return [r[m > 0] for r, m in zip(routing, mask)]

@@ -70,12 +70,15 @@ class Completion:
   """A request's sample: `tokens` (an EOS included), `logprobs` (behaviour log-probs under
   the request's temperature, before top-p), `top_logprobs` ([(id, log-prob)] per token,
   if asked), `finish_reason` ('stop': an EOS; 'length': its budget or the context) and the
-  `policy_version` of the weights that sampled it."""
+  `policy_version` of the weights that sampled it. An MoE model's `routing`: the experts
+  int32 [tokens fed, MoE layers, k] of the slot's sequence in order (the prompt, and with a
+  session every earlier turn, then this completion but its last token), else None."""
   tokens: list[int]
   logprobs: list[float]
   top_logprobs: list[list[tuple[int, float]]] | None
   finish_reason: str
   policy_version: int
+  routing: np.ndarray | None = None
 
 
 def prompt_columns(length: int, budget: int, layout: Layout) -> int:
@@ -295,9 +298,10 @@ class Engine:
       return
     st = self._state
     want_top = any(self._running[m][0].top_logprobs for m in ended)
-    tokens, logprobs, lengths, eos, top = jax.device_get(
+    tokens, logprobs, lengths, eos, top, mask, routing = jax.device_get(
         (st.tokens, st.logprobs, st.length, st.ended_eos,
-         (st.top_ids, st.top_logprobs) if want_top else None))
+         (st.top_ids, st.top_logprobs) if want_top else None,
+         st.mask if st.routing is not None else None, st.routing))
     for m in ended:
       n = int(lengths[m])
       with self._wake:
@@ -313,4 +317,5 @@ class Engine:
       self.stats["completed"] += 1
       self.stats["tokens"] += n
       future.set_result(Completion(tokens[m, :n].tolist(), logprobs[m, :n].tolist(),
-                                   alternatives, "stop" if eos[m] else "length", version))
+                                   alternatives, "stop" if eos[m] else "length", version,
+                                   None if routing is None else routing[m][mask[m] > 0]))

@@ -72,6 +72,8 @@ class SlotState:
   keys: its key; temperature, top_p: float32 [M]; want_top: bool [M], records alternatives.
   mask: int32 [M, W], the columns its attention reads (prompt and fed tokens).
   tokens, logprobs: [M, W], what it chose; top_ids, top_logprobs: [M, W, TL].
+  routing: an MoE model's experts int32 [M, W, MoE layers, k] of the token each column holds,
+    once fed (-1: none; routing replay's record), else None.
   """
   live: jax.Array
   ended_eos: jax.Array
@@ -90,6 +92,7 @@ class SlotState:
   top_ids: jax.Array
   top_logprobs: jax.Array
   pool: dict | tuple
+  routing: jax.Array | None = None
 
 
 def init_state(model: models.Model, layout: Layout, s: SamplingSettings) -> SlotState:
@@ -107,7 +110,9 @@ def init_state(model: models.Model, layout: Layout, s: SamplingSettings) -> Slot
       temperature=jnp.ones((M,), jnp.float32), top_p=jnp.ones((M,), jnp.float32),
       want_top=zeros(bool), mask=zeros(jnp.int32, W), tokens=jnp.full((M, W), s.pad_id, jnp.int32),
       logprobs=zeros(jnp.float32, W), top_ids=zeros(jnp.int32, W, TL),
-      top_logprobs=zeros(jnp.float32, W, TL), pool=pool)
+      top_logprobs=zeros(jnp.float32, W, TL), pool=pool,
+      routing=jnp.full((M, W, model.config.num_moe_layers, model.config.num_experts_per_tok), -1,
+                       jnp.int32) if model.config.is_moe else None)
 
 
 def _record(st: SlotState, live_M, token_M, logp_M, logp_MV, layout: Layout, s: SamplingSettings):
@@ -139,10 +144,15 @@ def admit(model: models.Model, st: SlotState, slot, tokens_1S, mask_1S, key, tem
   unrolled = isinstance(st.pool, tuple)
   model, tune = decode.decode_model(model, s, unrolled)
   S, W = tokens_1S.shape[1], layout.context
-  cache, logits_1V, positions_1S = decode.prefill(model, tokens_1S, mask_1S, tune, unrolled)
+  moe = st.routing is not None
+  cache, logits_1V, positions_1S, *experts = decode.prefill(model, tokens_1S, mask_1S, tune,
+                                                            unrolled, with_router=moe)
   pool = kv_cache.put_pages(st.pool, kv_cache.as_pages(cache, layout.page_size),
                     slot * layout.pages_per_slot)
   mask_W = jnp.zeros((W,), jnp.int32).at[:S].set(mask_1S[0])
+  if moe:  # the slot's record starts afresh
+    st = st.replace(routing=st.routing.at[slot].set(-1))
+    st = _record_experts(st, slot, experts[0], mask_1S, 0)
   return _take(st.replace(pool=pool), slot, logits_1V, S, positions_1S[0, -1] + 1, mask_W,
                (key, temperature, top_p, want_top, budget), layout, s)
 
@@ -162,10 +172,13 @@ def extend(model: models.Model, st: SlotState, slot, tokens_1C, mask_1C, key, te
                      st.pool)
   mask_1W = jax.lax.dynamic_update_slice(st.mask[slot][None], mask_1C, (0, column))
   positions_1C = jnp.where(mask_1C > 0, base + jnp.cumsum(mask_1C, axis=1) - 1, 0)
-  hidden_1CD, cache = decode.forward(model, tokens_1C, positions_1C, mask_1W,
-                                     kv_cache.from_pages(own, 1), column, tune=tune,
-                                     return_hidden=True)
+  moe = st.routing is not None
+  hidden_1CD, cache, *routed = decode.forward(model, tokens_1C, positions_1C, mask_1W,
+                                              kv_cache.from_pages(own, 1), column, tune=tune,
+                                              return_hidden=True, with_router=moe)
   logits_1V = models.unembed(model, hidden_1CD[:, -1:])[:, 0]
+  if moe:
+    st = _record_experts(st, slot, routed[0]["experts"], mask_1C, column)
   pool = kv_cache.put_pages(st.pool, kv_cache.as_pages(kv_cache.own_part(cache), layout.page_size),
                     slot * PP)
   return _take(st.replace(pool=pool), slot, logits_1V, column + C, base + jnp.sum(mask_1C),
@@ -204,6 +217,13 @@ def place(st: SlotState, slot, request, length, token, prompt_cols, position, ma
 def stop(st: SlotState, slot) -> SlotState:
   """Slot `slot`'s request is dropped (the slot is free; its tokens are not read)."""
   return st.replace(live=st.live.at[slot].set(False))
+
+
+def _record_experts(st: SlotState, slot, experts_1TLk, mask_1T, column) -> SlotState:
+  """The experts of the T tokens a slot was fed at `column` in its record (-1 on padding)."""
+  rows = jnp.where(mask_1T[0, :, None, None] > 0, experts_1TLk[0], -1).astype(jnp.int32)
+  return st.replace(routing=jax.lax.dynamic_update_slice(st.routing, rows[None],
+                                                         (slot, column, 0, 0)))
 
 
 def _take(st: SlotState, slot, logits_1V, prompt_cols, position, mask_W, request, layout,
@@ -261,6 +281,7 @@ def _decode_step(model, tune, st: SlotState, layout: Layout, s: SamplingSettings
   order_M = jnp.argsort(-pages_M, stable=True)  # longest first: groups read about their own
   sizes = continuous.read_sizes(PP)
   in_place = not isinstance(st.pool, tuple) and tune.key_layout == "slot_major"
+  moe = st.routing is not None
 
   def run(b: int):
     def batch(pool):
@@ -272,21 +293,26 @@ def _decode_step(model, tune, st: SlotState, layout: Layout, s: SamplingSettings
           read_branch=jnp.searchsorted(jnp.asarray(sizes), longest_g).astype(jnp.int32),
           read_pages=sizes, groups=groups, pool=pool if in_place else None)
       cache = kv_cache.pool_layers(model.config.num_layers) if in_place else pool
-      logits_b1V, cache = decode.forward(model, st.token[at_b][:, None],
-                                         positions_M[at_b][:, None], st.mask[at_b], cache,
-                                         index, tune=tune)
+      logits_b1V, cache, *routed = decode.forward(
+          model, st.token[at_b][:, None], positions_M[at_b][:, None], st.mask[at_b], cache,
+          index, tune=tune, with_router=moe)
       in_slots = lambda x, axis: jnp.zeros(x.shape[:axis] + (M,) + x.shape[axis + 1:],
                                            x.dtype).at[(slice(None),) * axis + (at_b,)].set(x)
       new_kv = jax.tree.map(lambda x: in_slots(x, x.ndim - 4), kv_cache.pending(cache))
-      return in_slots(logits_b1V[:, 0], 0), new_kv
+      experts = in_slots(routed[0]["experts"][:, 0], 0) if moe else None
+      return in_slots(logits_b1V[:, 0], 0), new_kv, experts
     return batch
 
   sizes_b = continuous.batch_sizes(M)
   live = jnp.sum(live_M, dtype=jnp.int32)
-  logits_MV, (k_new, v_new) = jax.lax.switch(
+  logits_MV, (k_new, v_new), experts_MLk = jax.lax.switch(
       jnp.searchsorted(jnp.asarray(sizes_b), live), [run(b) for b in sizes_b], st.pool)
   pool = kv_cache.write_pages(st.pool, k_new, v_new, write_page_M, col_M % Q)
   fed_M = jnp.zeros_like(st.mask).at[jnp.arange(M), col_M].set(live_M.astype(jnp.int32))
   st = st.replace(pool=pool, mask=st.mask | fed_M)
+  if moe:
+    row_M = jnp.where(live_M, jnp.arange(M), M)  # out of range: dropped
+    st = st.replace(routing=st.routing.at[row_M, col_M].set(experts_MLk.astype(jnp.int32),
+                                                            mode="drop"))
   token_M, logp_M, logp_MV = _choose(logits_MV, st)
   return _record(st, live_M, token_M, logp_M, logp_MV, layout, s)

@@ -14,17 +14,23 @@ SCRIPTED_ENV = os.path.join(os.path.dirname(__file__), "scripted_env.py")
 
 
 def make_model_dir(path: str, *, eos_logit: float = 1.2, seed: int = 0,
-                   chat_template: str = envs.CHAR_TOOL_CHAT_TEMPLATE) -> str:
-  """A random tiny Llama over the character tokenizer whose EOS (the end-of-turn token of
-  `envs.CHAR_TOOL_CHAT_TEMPLATE`) is likely enough that turns end within a few tokens: the
-  embeddings share a constant direction, which the EOS row of the unembedding reads."""
+                   chat_template: str = envs.CHAR_TOOL_CHAT_TEMPLATE, moe: bool = False) -> str:
+  """A random tiny Llama (`moe`: Qwen3-MoE, 8 experts, 2 per token) over the character
+  tokenizer whose EOS (the end-of-turn token of `envs.CHAR_TOOL_CHAT_TEMPLATE`) is likely
+  enough that turns end within a few tokens: the embeddings share a constant direction,
+  which the EOS row of the unembedding reads."""
   torch.manual_seed(seed)
-  cfg = transformers.LlamaConfig(
-      vocab_size=VOCAB, hidden_size=40, intermediate_size=72, num_hidden_layers=2,
-      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-      rms_norm_eps=1e-6, bos_token_id=char_tokenizer.BOS_ID, eos_token_id=char_tokenizer.EOS_ID,
-      pad_token_id=char_tokenizer.PAD_ID, tie_word_embeddings=False)
-  model = transformers.LlamaForCausalLM(cfg).eval()
+  shape = dict(vocab_size=VOCAB, hidden_size=40, intermediate_size=72, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+               rms_norm_eps=1e-6, bos_token_id=char_tokenizer.BOS_ID,
+               eos_token_id=char_tokenizer.EOS_ID, pad_token_id=char_tokenizer.PAD_ID,
+               tie_word_embeddings=False)
+  if moe:
+    cfg = transformers.Qwen3MoeConfig(**shape, head_dim=10, num_experts=8, num_experts_per_tok=2,
+                                      moe_intermediate_size=32, norm_topk_prob=True)
+    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
+  else:
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).eval()
   with torch.no_grad():
     for p in model.parameters():
       p.add_(0.05 * torch.randn_like(p))

@@ -4,11 +4,14 @@
 import json
 import os
 
+import numpy as np
+
 from absl.testing import absltest, parameterized
 
 from configs import grpo, gspo
 from jaxrl_llm import training
 from jaxrl_llm.config import ConfigError, validate
+from tests.training import agent_testing, episodes_test
 from tests.training.run_logs import assert_rows_close, read_jsonl, resume_from_step_two
 
 PRESETS = {"gspo": gspo, "grpo": grpo}
@@ -74,6 +77,29 @@ class RoutingReplayTest(parameterized.TestCase):
     other = resume_from_step_two(config, first, self.create_tempdir().full_path)
     self.assertEqual([r["step"] for r in other], [1, 2, 3, 4])
     assert_rows_close(rows[2:], other[2:], rtol=1e-4, atol=1e-5)
+
+  @parameterized.parameters("static", "continuous")
+  def test_episodes_record_and_replay(self, engine):
+    """A multi-turn bf16 run on a random Qwen3-MoE: each episode player (turn-synchronous,
+    or admitting episodes one at a time) records the experts of every token it fed (prompt,
+    turns, environment replies), and the first pass replays them (routing_mismatch 0)."""
+    model_dir = agent_testing.make_model_dir(self.create_tempdir().full_path, moe=True)
+    cfg = episodes_test.agent_config(model_dir, replies=2)
+    cfg.model.dtype, cfg.sampling.engine, cfg.algo.routing_replay = "bfloat16", engine, "rollout"
+    cfg.train.steps = 1
+    rollout, _, _ = episodes_test.first_rollout(cfg)
+    S0, N = rollout.prompt_tokens.shape[1], rollout.tokens.shape[1]
+    self.assertEqual(rollout.routing.shape[:2], (rollout.tokens.shape[0], S0 + N))
+    attended = rollout.attention > 0
+    fed = attended & np.roll(attended, -1, axis=1)  # every attended token but a row's last
+    recorded = (rollout.routing[:, S0:] >= 0).all(axis=(2, 3))
+    self.assertTrue(recorded[fed].all() and not recorded[~attended].any())
+    self.assertGreater(rollout.episodes.attention.sum() - rollout.mask.sum(), 0)  # env tokens
+    if engine == "static":  # the update reads either player's record the same way
+      return
+    workdir = self.create_tempdir().full_path
+    training.train(cfg, workdir)
+    self.assertEqual(read_jsonl(workdir)[-1]["moe/routing_mismatch"], 0.0)
 
   def test_replay_needs_an_moe_policy_and_the_static_engine(self):
     c = moe_bf16("grpo", "rollout")

@@ -103,6 +103,7 @@ class AdmittedEpisodePlayer(EpisodePlayer):
             key=np.asarray(jax.random.fold_in(key, turn)), session=session)).result()
         ids = done.tokens
         ep.add_model_turn(ids, done.logprobs, self.renderer.decode_turn(ids))
+        ep.routing = done.routing  # the whole episode's so far: it kept its slot's sequence
         if ids[-1] != self.end_of_turn:
           ep.end("eos" if ids[-1] == self.eos else
                  "max_new_tokens" if len(ids) == N else "max_episode_tokens")

@@ -171,6 +171,8 @@ class EpisodePlayer:
     for ep in episodes:
       if ep.ended is None:  # every budget was 0: no room left
         ep.end("max_episode_tokens")
+    for ep, routing in zip(episodes, self.sampler.routing() or ()):  # an MoE policy's experts
+      ep.routing = routing
     return episodes
 
   def tool_stats(self) -> dict[str, int]:
@@ -244,6 +246,7 @@ class EpisodeArrays:
   logprobs: np.ndarray  # float32 [B, width], the behaviour log-probs (0 elsewhere)
   echo_weights: np.ndarray  # float32 [B, width], echo's weight of each environment token
   turn_rewards: np.ndarray  # float32 [B, width], each step's reward on its turn's last token
+  routing: np.ndarray | None = None  # int32 [B, S0 + width, MoE layers, k], or None
 
 
 def _shared_prefix(rows: Sequence[Sequence[int]]) -> list[int]:
@@ -312,4 +315,20 @@ def episode_arrays(episodes: Sequence[episode_lib.Episode], G: int, width: int,
     for turn, t in enumerate(ends[:len(ep.turn_rewards)]):
       turn_rewards[b, t] = ep.turn_rewards[turn]
   return EpisodeArrays(prompt_tokens, prompt_mask, tokens, mask, attention, logprobs, echo_w,
-                       turn_rewards)
+                       turn_rewards, _routing(episodes, [len(openings[b // G]) for b in range(B)],
+                                              S0, width))
+
+
+def _routing(episodes, openings: list[int], S0: int, width: int) -> np.ndarray | None:
+  """Each episode's recorded experts laid out as its row: its opening's at the end of the
+  S0 prompt columns, the rest from column S0 on; -1 where nothing was recorded."""
+  if any(ep.routing is None for ep in episodes):
+    return None
+  L, k = next(ep.routing.shape[1:] for ep in episodes)
+  out = np.full((len(episodes), S0 + width, L, k), -1, np.int32)
+  for b, (ep, n) in enumerate(zip(episodes, openings)):
+    fed = np.asarray(ep.routing)[:len(ep.tokens)]
+    n = min(n, len(fed)) if ep.tokens else 0
+    out[b, S0 - n:S0] = fed[:n]
+    out[b, S0:S0 + len(fed) - n] = fed[n:]
+  return out
