@@ -203,7 +203,8 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
       # with a mask, or in bf16); with 'sampler', o = b and w = 1.
       "behaviour_mask": {"level": "off", "low": 0.5, "high": 2.0},  # off | token | sequence
       # MoE policies: off | rollout (R3: the old-log-prob pass and the update route every token
-      # to the experts the sampler chose, weighted by the live router; the static engine only)
+      # to the experts the sampler chose, weighted by the live router; not with agent
+      # programs or partial rollouts)
       "routing_replay": "off",
       # Asynchronous rollouts: the rollouts of step s may come from the policy after update
       # s - max_async_level (sampled while the updates in between run); 0 = synchronous.

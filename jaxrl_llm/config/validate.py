@@ -13,7 +13,7 @@ import math
 import jax
 from absl import logging
 
-from jaxrl_llm import import_path, paths, platform, sampling
+from jaxrl_llm import import_path, paths, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.config import algo_checks, env_checks, inputs, keys, reward_checks, schema
 from jaxrl_llm.config.errors import ConfigError
@@ -54,7 +54,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_lora(config)
     _check_sources(config)
     env_checks.check_envs(config)
-    _check_routing_replay(config, devices)
+    _check_routing_replay(config)
     _check_partial(config)
     _check_teacher(config)
     reward_checks.check_rewards(config)  # resolves the functions, checks the weights
@@ -286,7 +286,7 @@ def _check_sources(config) -> None:
       raise ConfigError(f"config.{field}: {'; '.join(message.splitlines())}") from e
 
 
-def _check_routing_replay(config, devices) -> None:
+def _check_routing_replay(config) -> None:
   """Routing replay needs an MoE policy and a sampler that records its experts."""
   if config.algo.routing_replay != "rollout":
     return
@@ -294,19 +294,11 @@ def _check_routing_replay(config, devices) -> None:
   if model_type not in model_config.MOE_MODEL_TYPES:
     _fail("algo.routing_replay", "rollout", f"'off': the policy (model_type={model_type!r}) is "
           f"not a mixture of experts (one of {list(model_config.MOE_MODEL_TYPES)})")
-  s = config.sampling
-  engine = sampling.settings.from_config(s, eos_ids=(), pad_id=0)
-  where = platform.of() if devices is None else platform.device_platform(devices[0])
-  sources = sources_lib.run_sources(config)
-  if any(source.env.get("agent") for source in sources):
+  # Both sampling engines and both episode players record the experts of every token they
+  # feed; agent programs' calls reach the engine through the endpoint, which keeps none.
+  if any(source.env.get("agent") for source in sources_lib.run_sources(config)):
     _fail("algo.routing_replay", "rollout", "'off': agent programs' calls through the "
           "endpoint do not record experts")
-  if any(source.multi_turn for source in sources):
-    return  # both episode players record the experts of every token they feed
-  if engine.resolved_engine(where) != "static":
-    _fail("algo.routing_replay", "rollout", "'off', or config.sampling.engine='static' (the "
-          "static engine records the experts; "
-          f"engine={s.engine!r} with max_new_tokens={s.max_new_tokens} is continuous on {where})")
 
 
 def _check_partial(config) -> None:

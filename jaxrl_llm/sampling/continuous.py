@@ -135,6 +135,7 @@ class _State:
   pool: dict | tuple
   steps: jax.Array          # int32, decode steps run
   peak_pages: jax.Array     # int32, the most own pages in use at once
+  routing_RNLk: jax.Array | None = None  # an MoE model's experts of each fed token, -1: none
 
 
 def _record(st: _State, live_M, token_M, logp_M, s: SamplingSettings):
@@ -245,7 +246,9 @@ def _engine(model: models.Model, pool, tokens_PS, mask_PS, budget_R, keys_R, M: 
   model, own_tune = decode.decode_model(model, s, unrolled)
   tune = tune or own_tune
 
-  prompt_cache, logits_PV, positions_PS = decode.prefill(model, tokens_PS, mask_PS, tune, unrolled)
+  moe = model.config.is_moe  # routing replay's record, as the static engine's
+  prompt_cache, logits_PV, positions_PS, *prompt_routing = decode.prefill(
+      model, tokens_PS, mask_PS, tune, unrolled, with_router=moe)
   pool = kv_cache.put_pages(pool, kv_cache.as_pages(prompt_cache, Q))  # prompt p: pages p*SP...
   first_own, spare = P * SP, P * SP + M * OWN  # own pages [first_own, spare), one spare page
   e = _Engine(model, s, tune, P, M, SP, OWN, spare,
@@ -268,9 +271,14 @@ def _engine(model: models.Model, pool, tokens_PS, mask_PS, budget_R, keys_R, M: 
       free_pages=jnp.arange(first_own, spare, dtype=jnp.int32), free_count=jnp.int32(M * OWN),
       next_request=jnp.int32(0), tokens_RN=jnp.full((R, N), s.pad_id, jnp.int32),
       logprobs_RN=jnp.zeros((R, N), jnp.float32), lengths_R=jnp.zeros((R,), jnp.int32),
-      ended_R=jnp.zeros((R,), bool), pool=pool, steps=jnp.int32(0), peak_pages=jnp.int32(0))
+      ended_R=jnp.zeros((R,), bool), pool=pool, steps=jnp.int32(0), peak_pages=jnp.int32(0),
+      routing_RNLk=jnp.full((R, N, model.config.num_moe_layers, model.config.num_experts_per_tok),
+                            -1, jnp.int32) if moe else None)
   st = jax.lax.while_loop(running, step, st)
   out = output.from_lengths(st.tokens_RN, st.logprobs_RN, st.lengths_R, st.ended_R)
+  if moe:  # [R, S0 + N, ...]: each prompt's, then each request's completion tokens fed back
+    out = out.replace(routing=jnp.concatenate(
+        [jnp.repeat(prompt_routing[0], s.num_samples, axis=0), st.routing_RNLk], axis=1))
   return out, st.pool, {"steps": st.steps, "peak_pages": st.peak_pages}
 
 
@@ -334,21 +342,27 @@ def _decode_step(e: _Engine, st: _State) -> _State:
           read_pages=tuple(SP + n for n in sizes), groups=groups,
           pool=pool if e.in_place else None)
       cache = kv_cache.pool_layers(e.model.config.num_layers) if e.in_place else pool
-      logits_b1V, cache = decode.forward(e.model, st.slot_token[at_b][:, None],
-                                         positions_M[at_b][:, None], valid_MS[at_b], cache,
-                                         index, tune=e.tune)
+      logits_b1V, cache, *routed = decode.forward(
+          e.model, st.slot_token[at_b][:, None], positions_M[at_b][:, None], valid_MS[at_b],
+          cache, index, tune=e.tune, with_router=moe)
       token_b, logp_b = choose.choose_tokens(logits_b1V[:, 0], keys_M[at_b], e.s)
       # Back in slot order, for all M slots (the others write to the spare page).
       in_slots = lambda x, axis: jnp.zeros(x.shape[:axis] + (M,) + x.shape[axis + 1:],
                                            x.dtype).at[(slice(None),) * axis + (at_b,)].set(x)
       new_kv = jax.tree.map(lambda x: in_slots(x, x.ndim - 4), kv_cache.pending(cache))
-      return in_slots(token_b, 0), in_slots(logp_b, 0), new_kv
+      experts = in_slots(routed[0]["experts"][:, 0], 0) if moe else None
+      return in_slots(token_b, 0), in_slots(logp_b, 0), new_kv, experts
     return batch
 
+  moe = st.routing_RNLk is not None
   sizes_b = batch_sizes(M)
   live = jnp.sum(live_M, dtype=jnp.int32)
-  token_M, logp_M, (k_new, v_new) = jax.lax.switch(
+  token_M, logp_M, (k_new, v_new), experts_MLk = jax.lax.switch(
       jnp.searchsorted(jnp.asarray(sizes_b), live), [run(b) for b in sizes_b], st.pool)
+  if moe:  # the fed token's experts, at its completion column
+    row_M = jnp.where(live_M & (st.slot_chosen > 0), request_M, e.R)  # out of range: dropped
+    st = st.replace(routing_RNLk=st.routing_RNLk.at[row_M, w_M].set(
+        experts_MLk.astype(jnp.int32), mode="drop"))
   pool = kv_cache.write_pages(st.pool, k_new, v_new, write_page_M, w_M % Q)
   st = st.replace(block_table=table_MP, free_count=free_count, pool=pool, steps=st.steps + 1,
                   peak_pages=jnp.maximum(st.peak_pages, M * e.OWN - free_count))

@@ -18,8 +18,8 @@ class SampleOutput:
     logprobs: float32 [B, N], behaviour log-probs (0 where mask is 0).
     lengths: int32 [B], number of generated tokens (EOS included).
     truncated: bool [B], True when the row ended without an EOS (N tokens, or its budget).
-    routing: an MoE model's experts int32 [B, S0 + N, MoE layers, k] (static engine; None
-      otherwise): at each prompt token and each completion token fed back, the k experts
+    routing: an MoE model's experts int32 [B, S0 + N, MoE layers, k] (either engine; None
+      for a dense model): at each prompt token and each completion token fed back, the k experts
       every MoE layer routed it to, -1 where none (the last token, the end); the prompt
       part is the prompt's, the same for its G rows. Routing replay trains on it.
   """

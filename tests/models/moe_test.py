@@ -99,11 +99,17 @@ class MoeParityTest(parameterized.TestCase):
                              do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
         np.testing.assert_array_equal(np.asarray(out.tokens[i]), want[0, len(p):].numpy(),
                                       err_msg=f"{loop} {engine}")
-      if engine == "static":  # the experts of every prompt token and fed-back completion token
-        routing = np.asarray(out.routing)
-        self.assertEqual(routing.shape[2:], (model.config.num_moe_layers, 2))
-        self.assertTrue(np.all(routing[:, -12:-1] >= 0))  # fed back: recorded
-        self.assertTrue(np.all(routing[:, -1] == -1))  # the last token is never fed back
+      # The experts of every prompt token and fed-back completion token, the same in both
+      # engines (prompts padded to their own widths: compared right-aligned).
+      routing = np.asarray(out.routing)
+      self.assertEqual(routing.shape[2:], (model.config.num_moe_layers, 2))
+      self.assertTrue(np.all(routing[:, -12:-1] >= 0))  # fed back: recorded
+      self.assertTrue(np.all(routing[:, -1] == -1))  # the last token is never fed back
+      if engine == "static":
+        static = routing
+      for i, p in enumerate(prompts):
+        np.testing.assert_array_equal(routing[i, -12 - len(p):], static[i, -12 - len(p):],
+                                      err_msg=f"{loop} {engine}")
 
 
 class ExpertKernelTest(parameterized.TestCase):

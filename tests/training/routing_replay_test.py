@@ -17,7 +17,7 @@ from tests.training.run_logs import assert_rows_close, read_jsonl, resume_from_s
 PRESETS = {"gspo": gspo, "grpo": grpo}
 
 
-def moe_bf16(preset: str, replay: str):
+def moe_bf16(preset: str, replay: str, engine: str = "static"):
   """A preset's first pass (one minibatch, one step) in bf16 on a random Qwen3-MoE."""
   c = PRESETS[preset].get_config("runlocal")
   a = c.model.arch
@@ -28,7 +28,7 @@ def moe_bf16(preset: str, replay: str):
   c.model.dtype = "bfloat16"
   c.algo.num_minibatches, c.algo.routing_replay = 1, replay
   c.train.steps, c.train.prompts_per_step = 1, 8
-  c.sampling.max_new_tokens, c.sampling.temperature, c.sampling.engine = 32, 0.7, "static"
+  c.sampling.max_new_tokens, c.sampling.temperature, c.sampling.engine = 32, 0.7, engine
   c.logging.tensorboard = False
   return c
 
@@ -41,14 +41,17 @@ class RoutingReplayTest(parameterized.TestCase):
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
       return [json.loads(line) for line in f][-1]
 
-  def test_replay_routes_as_the_sampler(self):
+  @parameterized.parameters("static", "continuous")
+  def test_replay_routes_as_the_sampler(self, engine):
     preset = "gspo"  # the sequence-level trust region, the narrowest
-    replayed = self._first_pass(moe_bf16(preset, "rollout"))
+    replayed = self._first_pass(moe_bf16(preset, "rollout", engine))
     self.assertEqual(replayed["moe/routing_mismatch"], 0.0)
     self.assertLessEqual(replayed["clip_frac"], 0.01)
     for key in ("moe/aux_loss", "moe/z_loss", "moe/expert_load_max"):
       self.assertIn(key, replayed)
     self.assertGreaterEqual(replayed["moe/expert_load_max"], 1 / 8)
+    if engine == "continuous":  # the record is the static engine's (tests/sampling)
+      return
     live = self._first_pass(moe_bf16(preset, "off"))  # measured, not replayed
     self.assertGreaterEqual(live["moe/routing_mismatch"], 0.0)
     print(f"{preset}: routing_mismatch replay {replayed['moe/routing_mismatch']:.4f} / off "
@@ -106,9 +109,11 @@ class RoutingReplayTest(parameterized.TestCase):
     c.model.arch.model_type = "llama"
     with self.assertRaisesRegex(ConfigError, r"routing_replay='rollout'.*not a mixture"):
       validate(c)
-    c = moe_bf16("grpo", "rollout")
-    c.sampling.engine = "continuous"
-    with self.assertRaisesRegex(ConfigError, r"routing_replay='rollout'.*engine='static'"):
+    c = episodes_test.agent_config("unused")  # an agent program's calls keep no record
+    c.data.env, c.data.agent = "", "jaxrl_llm.envs.calculator_agent:run"
+    c.model.path, c.model.arch = "", moe_bf16("grpo", "rollout").model.arch
+    c.algo.routing_replay = "rollout"
+    with self.assertRaisesRegex(ConfigError, r"routing_replay='rollout'.*agent programs"):
       validate(c)
     c = moe_bf16("grpo", "sometimes")
     with self.assertRaisesRegex(ConfigError, r"routing_replay.*'off', 'rollout'"):
