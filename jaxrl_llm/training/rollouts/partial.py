@@ -24,11 +24,12 @@ rollout's `policy_version` is its oldest token's; `partial/tokens_lag_J` is the 
 its tokens sampled by version s - J.
 
 Keys and order. A request of the prompt batch at data position q draws from
-fold_in(fold_in(step key, q), row), row its place in the global batch; which requests end
-first is fixed by the engine's decode steps, not by time, so a run is reproducible.
-Checkpoints record the data position after the last prompts queued: samples still in
-flight at a checkpoint are not stored, and a resumed run starts them afresh from later
-prompts.
+fold_in(fold_in(the key of the step that queued it, q), row), row its place in the global
+batch; which requests end first is fixed by the engine's decode steps, not by time, so a
+run is reproducible. Checkpoints keep the samples in flight (`Rollout.in_flight`: every
+process's, as JSON in the checkpoint's metadata) and the data position after the last
+prompts queued; a resumed run takes them up (`restore`), and with k = 1 goes on exactly as
+the uninterrupted run. Resumed on another number of processes, they start afresh.
 """
 from __future__ import annotations
 
