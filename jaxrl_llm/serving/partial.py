@@ -4,8 +4,9 @@ programs driven from the caller's thread, in an order fixed by the requests alon
 ```python
 engine = serving.PartialEngine(model, sampling_settings, layout, version=0)
 engine.submit(0, prompt_ids, budget=512, key=key_data)
-done = engine.run(lambda ended: True)         # decode until a request ends
-engine.publish(new_model, version=1, oldest=0)          # the others go on under new weights
+done = engine.run(lambda ended: True)           # decode until a request ends
+engine.publish(new_model, version=1, oldest=0)  # the others go on under the new weights
+state = engine.snapshot()                        # requests in flight, as plain data
 ```
 
 Unlike `Engine` (a thread that admits requests whenever they arrive), nothing here depends
@@ -21,7 +22,8 @@ each token's behaviour log-prob is that of one forward of the version that sampl
 the whole sequence; keeping the old keys and values would save the prefill but make the
 later tokens' log-probs those of no single policy. A request whose first token is older
 than `oldest` is restarted from its prompt instead (same key; counted in `restarted`).
-Every token records the version that sampled it (`Finished.versions`).
+Every token records the version that sampled it (`Finished.versions`). `snapshot` and
+`restore` carry the requests in flight into a checkpoint and out of it.
 """
 from __future__ import annotations
 
@@ -118,15 +120,14 @@ class PartialEngine:
     for slot, track in sorted(self.running.items()):
       if oldest is not None and track.stretches[0][1] < oldest:
         self._state = self._stop(self._state, jnp.int32(slot))
+        del self.running[slot]
+        track.stretches = []
         again.append(track)
         continue
       n = int(lengths[slot])
       self._state = self._refill(model, self._state, jnp.int32(slot),
                                  *self._row(track, tokens[slot, :n - 1]))
       track.stretches.append((n, version))
-    for track in again:
-      del self.running[[m for m, t in self.running.items() if t is track][0]]
-      track.stretches = []
     self.restarted += len(again)
     self.waiting.extendleft(reversed(again))
 
