@@ -272,13 +272,12 @@ def _engine(model: models.Model, pool, tokens_PS, mask_PS, budget_R, keys_R, M: 
       next_request=jnp.int32(0), tokens_RN=jnp.full((R, N), s.pad_id, jnp.int32),
       logprobs_RN=jnp.zeros((R, N), jnp.float32), lengths_R=jnp.zeros((R,), jnp.int32),
       ended_R=jnp.zeros((R,), bool), pool=pool, steps=jnp.int32(0), peak_pages=jnp.int32(0),
-      routing_RNLk=jnp.full((R, N, model.config.num_moe_layers, model.config.num_experts_per_tok),
-                            -1, jnp.int32) if moe else None)
+      routing_RNLk=decode.empty_record(model.config, R, N) if moe else None)
   st = jax.lax.while_loop(running, step, st)
   out = output.from_lengths(st.tokens_RN, st.logprobs_RN, st.lengths_R, st.ended_R)
   if moe:  # [R, S0 + N, ...]: each prompt's, then each request's completion tokens fed back
-    out = out.replace(routing=jnp.concatenate(
-        [jnp.repeat(prompt_routing[0], s.num_samples, axis=0), st.routing_RNLk], axis=1))
+    out = out.replace(routing=decode.sample_routing(prompt_routing[0], st.routing_RNLk,
+                                                    s.num_samples))
   return out, st.pool, {"steps": st.steps, "peak_pages": st.peak_pages}
 
 

@@ -147,6 +147,25 @@ def forward(model: models.Model, tokens_BT, positions_BT, kv_mask_BS, cache, cac
   return out, tuple(new_cache)
 
 
+# --- routing replay's record: the experts of every token fed, -1 where none ------------------
+def empty_record(cfg, *shape) -> jax.Array:
+  """An MoE model's record for `shape` tokens: int32 [*shape, MoE layers, k], all -1."""
+  return jnp.full(shape + (cfg.num_moe_layers, cfg.num_experts_per_tok), -1, jnp.int32)
+
+
+def record_experts(record: jax.Array, experts, fed, at: tuple) -> jax.Array:
+  """`record` with `experts` [..., T, MoE layers, k] written from index `at`, -1 where `fed`
+  [..., T] is False."""
+  experts = jnp.where(fed[..., None, None], experts, -1).astype(jnp.int32)
+  return jax.lax.dynamic_update_slice(record, experts, at)
+
+
+def sample_routing(prompt_experts_PSLk, completions_RNLk, G: int) -> jax.Array:
+  """`SampleOutput.routing`: each prompt's experts for its G rows, then each row's
+  completion tokens fed back."""
+  return jnp.concatenate([jnp.repeat(prompt_experts_PSLk, G, axis=0), completions_RNLk], axis=1)
+
+
 # --- the parts of a sampling program -----------------------------------------------------------
 def decode_model(model: models.Model, s: SamplingSettings, unrolled: bool):
   """The model as the decode loop reads it, made once per call, not once per token: LoRA

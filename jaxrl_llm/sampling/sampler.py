@@ -97,8 +97,7 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, budget_B, ke
                   logprobs_BN=jnp.zeros((B, N), jnp.float32), lengths_B=jnp.zeros((B,), jnp.int32),
                   kv_mask_BS=kv_mask_BS, cache=cache)
   if cfg.is_moe:  # routing replay's record: -1 until a token is fed back
-    st = st.replace(routing_BNLk=jnp.full((B, N, cfg.num_moe_layers, cfg.num_experts_per_tok),
-                                          -1, jnp.int32))
+    st = st.replace(routing_BNLk=decode.empty_record(cfg, B, N))
   st = _record(st, token_B, logp_B, budget_B, s)
 
   def cond(st):
@@ -120,8 +119,7 @@ def _sample_program(model: models.Model, cache, tokens_PS, mask_PS, budget_B, ke
   st = jax.lax.while_loop(cond, step, st)
   out = output.from_lengths(st.tokens_BN, st.logprobs_BN, st.lengths_B, st.done_B)
   if cfg.is_moe:
-    out = out.replace(routing=jnp.concatenate(
-        [jnp.repeat(prompt_routing[0], G, axis=0), st.routing_BNLk], axis=1))
+    out = out.replace(routing=decode.sample_routing(prompt_routing[0], st.routing_BNLk, G))
   return out, kv_cache.own_part(st.cache), {"steps": st.t}
 
 

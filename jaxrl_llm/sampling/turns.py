@@ -142,9 +142,7 @@ def _record_experts(routing_BWLk, routed, fed_BC, column):
   a row fed nothing); unchanged without a record."""
   if routing_BWLk is None:
     return None
-  experts_BCLk = jnp.where(fed_BC[:, :, None, None], routed[0]["experts"], -1)
-  return jax.lax.dynamic_update_slice(routing_BWLk, experts_BCLk.astype(jnp.int32),
-                                      (0, column, 0, 0))
+  return decode.record_experts(routing_BWLk, routed[0]["experts"], fed_BC, (0, column, 0, 0))
 
 
 class TurnSampler:
@@ -188,8 +186,7 @@ class TurnSampler:
                                 decode.tuning(model).key_layout)
     if unrolled:
       cache = decode.per_layer(cache)
-    routing = None if not cfg.is_moe else jnp.full(
-        (rows, self.max_columns, cfg.num_moe_layers, cfg.num_experts_per_tok), -1, jnp.int32)
+    routing = decode.empty_record(cfg, rows, self.max_columns) if cfg.is_moe else None
     self.state = TurnState(cache=cache, kv_mask_BW=jnp.zeros((rows, self.max_columns), jnp.int32),
                            next_position_B=jnp.zeros((rows,), jnp.int32),
                            drawn_B=jnp.zeros((rows,), jnp.int32), routing_BWLk=routing)

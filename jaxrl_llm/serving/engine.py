@@ -298,10 +298,13 @@ class Engine:
       return
     st = self._state
     want_top = any(self._running[m][0].top_logprobs for m in ended)
-    tokens, logprobs, lengths, eos, top, mask, routing = jax.device_get(
+    rows = jnp.asarray(ended)  # an MoE record is large: only the ended slots' rows come back
+    tokens, logprobs, lengths, eos, top, record = jax.device_get(
         (st.tokens, st.logprobs, st.length, st.ended_eos,
          (st.top_ids, st.top_logprobs) if want_top else None,
-         st.mask if st.routing is not None else None, st.routing))
+         None if st.routing is None else (st.mask[rows], st.routing[rows])))
+    fed_experts = {} if record is None else {
+        m: routing[mask > 0] for m, mask, routing in zip(ended, *record)}
     for m in ended:
       n = int(lengths[m])
       with self._wake:
@@ -318,4 +321,4 @@ class Engine:
       self.stats["tokens"] += n
       future.set_result(Completion(tokens[m, :n].tolist(), logprobs[m, :n].tolist(),
                                    alternatives, "stop" if eos[m] else "length", version,
-                                   None if routing is None else routing[m][mask[m] > 0]))
+                                   fed_experts.get(m)))

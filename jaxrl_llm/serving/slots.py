@@ -111,8 +111,7 @@ def init_state(model: models.Model, layout: Layout, s: SamplingSettings) -> Slot
       want_top=zeros(bool), mask=zeros(jnp.int32, W), tokens=jnp.full((M, W), s.pad_id, jnp.int32),
       logprobs=zeros(jnp.float32, W), top_ids=zeros(jnp.int32, W, TL),
       top_logprobs=zeros(jnp.float32, W, TL), pool=pool,
-      routing=jnp.full((M, W, model.config.num_moe_layers, model.config.num_experts_per_tok), -1,
-                       jnp.int32) if model.config.is_moe else None)
+      routing=decode.empty_record(model.config, M, W) if model.config.is_moe else None)
 
 
 def _record(st: SlotState, live_M, token_M, logp_M, logp_MV, layout: Layout, s: SamplingSettings):
@@ -152,7 +151,8 @@ def admit(model: models.Model, st: SlotState, slot, tokens_1S, mask_1S, key, tem
   mask_W = jnp.zeros((W,), jnp.int32).at[:S].set(mask_1S[0])
   if moe:  # the slot's record starts afresh
     st = st.replace(routing=st.routing.at[slot].set(-1))
-    st = _record_experts(st, slot, experts[0], mask_1S, 0)
+    st = st.replace(routing=decode.record_experts(st.routing, experts[0], mask_1S > 0,
+                                                  (slot, 0, 0, 0)))
   return _take(st.replace(pool=pool), slot, logits_1V, S, positions_1S[0, -1] + 1, mask_W,
                (key, temperature, top_p, want_top, budget), layout, s)
 
@@ -178,7 +178,8 @@ def extend(model: models.Model, st: SlotState, slot, tokens_1C, mask_1C, key, te
                                               return_hidden=True, with_router=moe)
   logits_1V = models.unembed(model, hidden_1CD[:, -1:])[:, 0]
   if moe:
-    st = _record_experts(st, slot, routed[0]["experts"], mask_1C, column)
+    st = st.replace(routing=decode.record_experts(st.routing, routed[0]["experts"], mask_1C > 0,
+                                                  (slot, column, 0, 0)))
   pool = kv_cache.put_pages(st.pool, kv_cache.as_pages(kv_cache.own_part(cache), layout.page_size),
                     slot * PP)
   return _take(st.replace(pool=pool), slot, logits_1V, column + C, base + jnp.sum(mask_1C),
@@ -217,13 +218,6 @@ def place(st: SlotState, slot, request, length, token, prompt_cols, position, ma
 def stop(st: SlotState, slot) -> SlotState:
   """Slot `slot`'s request is dropped (the slot is free; its tokens are not read)."""
   return st.replace(live=st.live.at[slot].set(False))
-
-
-def _record_experts(st: SlotState, slot, experts_1TLk, mask_1T, column) -> SlotState:
-  """The experts of the T tokens a slot was fed at `column` in its record (-1 on padding)."""
-  rows = jnp.where(mask_1T[0, :, None, None] > 0, experts_1TLk[0], -1).astype(jnp.int32)
-  return st.replace(routing=jax.lax.dynamic_update_slice(st.routing, rows[None],
-                                                         (slot, column, 0, 0)))
 
 
 def _take(st: SlotState, slot, logits_1V, prompt_cols, position, mask_W, request, layout,
