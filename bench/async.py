@@ -13,10 +13,6 @@ three times on the first `--devices` devices:
                'async' would cost without any overlap (not in the default modes).
 `--old_logp=recompute` makes the asynchronous runs recompute the old log-probs (the
 trust region then centres on the current policy; one more forward per step).
-`--modes=publish` times a weight publish instead: from trained parameters that are ready
-to the sampler's copy of them being ready (`Models.sampler_copy`, what `Feed.publish`
-issues after each update), with shared placement and with split placement
-(`rollout_devices` of their own), median of `--steps` after one that compiles.
 `--modes=tail,tail_partial` runs a long-tailed workload instead (`long_tail_workload`: a
 random model whose next token is uniform over its 128 ids, so completions end at the EOS
 after a geometric number of tokens, mean 128, cut at 512; 16 prompts x 8), both at
@@ -132,43 +128,11 @@ def run(mode: str, tmp: str) -> dict:
   return out
 
 
-def publish(placement: str, tmp: str) -> dict:
-  """Seconds from ready trained parameters to the sampler's copy of them ready."""
-  import jax
-  from jaxrl_llm import config as config_lib
-  from jaxrl_llm import training
-  from jaxrl_llm.training import setup as setup_lib
-  config = train_step.workload(tmp, train_step._SHAPE.value)
-  config.algo.max_async_level = 1
-  config.mesh.rollout_devices = _ROLLOUT_DEVICES.value if placement == "split" else 0
-  devices = jax.devices()[:_DEVICES.value]
-  config_lib.validate(config, devices)
-  setup = training.set_up(config, training.make_plan(config), devices)
-  params = jax.block_until_ready(setup_lib.fresh_state(setup, 0).policy_params)
-  times = []
-  for _ in range(1 + train_step._STEPS.value):
-    t = time.perf_counter()
-    copy = jax.block_until_ready(setup.models.sampler_copy(params))
-    times.append(time.perf_counter() - t)
-  size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(copy))
-  return {"mode": f"publish_{placement}", "publish_s": statistics.median(times[1:]),
-          "first_s": times[0], "copy_bytes": int(size)}
-
-
 def main(argv):
   del argv
   import jax
   results = []
   with tempfile.TemporaryDirectory() as tmp:
-    if _MODES.value == ["publish"]:
-      for placement in ("shared", "split"):
-        r = publish(placement, tmp)
-        results.append(r)
-        print(f"{r['mode']:15s} {1e3 * r['publish_s']:.1f} ms (first {r['first_s']:.2f} s) for "
-              f"{r['copy_bytes'] / 2**20:.1f} MiB", flush=True)
-      print(json.dumps({"devices": _DEVICES.value, "platform": jax.devices()[0].platform,
-                        "rollout_devices": _ROLLOUT_DEVICES.value, "results": results}))
-      return
     for mode in _MODES.value:
       r = run(mode, tmp)
       results.append(r)

@@ -30,9 +30,12 @@ Phases, each in its own process (torch and jax never share the device), each wit
   partial     `bench/async.py --modes=tail,tail_partial` on the Qwen3-0.6B body (128-token
               vocabulary, uniform next token: geometric lengths, mean 128, up to 512):
               GRPO step time at max_async_level 1 without and with partial rollouts
+  publish     `bench/publish.py --placements=shared` on the Qwen3-0.6B shape: the weight publish
+              of asynchronous rollouts on one device (the float32 parameters cast to the
+              sampler's bf16 copy), from ready parameters to a ready copy
 Each phase prints a RESULT line; the last lines are a summary. BUDGET_S=N ends the whole run
 within N seconds: each phase gets what is left, up to its own limit, in the order make_model,
-ours, train, partial, hf, longtail, hf_longtail, train_big. Results go to $OUT (default
+ours, train, partial, publish, hf, longtail, hf_longtail, train_big. Results go to $OUT (default
 /tmp/gpu_out) as logs and JSON.
 """
 from __future__ import annotations
@@ -59,7 +62,7 @@ LAYER_LOOP = os.environ.get("LAYER_LOOP", "auto")  # the sampler's (sampling.Sam
 KEY_LAYOUT = os.environ.get("KEY_LAYOUT")  # overrides the platform's (decode.DECODE_TUNING)
 LONG_NEW = 32 if TINY else 512
 LIMITS = dict(make_model=90, hf=90, ours=120, longtail=120, hf_longtail=60, train=240,
-              partial=240, train_big=100)  # 17.7 min in all: BUDGET_S cuts the last
+              partial=240, publish=60, train_big=100)  # 18.7 min in all: BUDGET_S cuts the last
 
 
 def prompts():
@@ -310,6 +313,8 @@ def main():
       "partial": [sys.executable, os.path.join(HERE, "async.py"), "--modes=tail,tail_partial",
                   f"--shape={'tiny' if TINY else 'qwen3_0_6b'}", "--devices=1", "--warmup=1",
                   "--steps=2"],
+      "publish": [sys.executable, os.path.join(HERE, "publish.py"), "--placements=shared",
+                  f"--shape={'tiny' if TINY else 'qwen3_0_6b'}", "--devices=1", "--steps=5"],
       "hf": me + ["hf", model_dir],
       "longtail": me + ["longtail", model_dir],
       "hf_longtail": me + ["hf_longtail", model_dir],
@@ -351,6 +356,11 @@ def main():
     tail, part = pr["results"]
     print(f"long-tailed GRPO step at max_async_level 1: {tail['step_time_s']:.2f} s, with partial "
           f"rollouts {part['step_time_s']:.2f} s ({tail['step_time_s'] / part['step_time_s']:.2f}x)")
+  pu = results["publish"]
+  if pu:
+    r = pu["results"][0]
+    print(f"weight publish (shared placement): {1e3 * r['publish_s']:.1f} ms for "
+          f"{r['copy_bytes'] / 2**30:.2f} GiB")
   big = results["train_big"]
   if big:
     p = big["policy_step"]

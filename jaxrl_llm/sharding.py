@@ -284,10 +284,11 @@ def transfer(tree, shardings):
 
   Within one process (or between shardings of the same devices) this is `jax.device_put`.
   Between meshes of different devices spanning processes, which XLA copies directly only on
-  TPU's runtime, every array is first gathered whole onto each device of its own mesh (one
-  program for the tree), then each process copies its pieces of the target from its whole
-  copy onto its own devices there. That costs one whole copy per source device for the
-  moment of the copy.
+  TPU's runtime, every array is first spread whole over each process's own source devices
+  (`staging_shardings`: one copy per process, split over its devices along the array's
+  largest dimension they divide; one program for the tree, its collectives moving only the
+  shards each process lacks), then each process copies the pieces of the target it holds
+  from its devices' shards onto its own target devices.
   """
   leaves, treedef = jax.tree.flatten(tree)
   targets = treedef.flatten_up_to(shardings)
@@ -298,23 +299,78 @@ def transfer(tree, shardings):
   out = [jax.device_put(x, s, may_alias=False) if direct(x, s) else None
          for x, s in zip(leaves, targets)]
   staged = [i for i, o in enumerate(out) if o is None]
-  if staged:
-    whole = _whole_on(tuple(leaves[i].sharding.mesh for i in staged))(
-        [leaves[i] for i in staged])
-    for i, w in zip(staged, whole):
-      local = w.addressable_shards[0].data  # the whole value, on one of this process's devices
-      pieces = [jax.device_put(local[index], device) for device, index in
-                targets[i].addressable_devices_indices_map(w.shape).items()]
-      out[i] = jax.make_array_from_single_device_arrays(w.shape, targets[i], pieces)
+  by_devices = {}  # one staging program per set of source devices
+  for i in staged:
+    by_devices.setdefault(frozenset(leaves[i].sharding.device_set), []).append(i)
+  for group in by_devices.values():
+    xs = [leaves[i] for i in group]
+    spread = _staging_program(tuple(staging_shardings(xs)))(xs)
+    for i, x in zip(group, spread):
+      out[i] = _from_this_process_copy(_this_process_copy(x), targets[i])
   return treedef.unflatten(out)
 
 
+def staging_shardings(xs: Sequence[jax.Array]) -> list[NamedSharding]:
+  """Where `transfer` stages arrays of one set of devices spanning processes: replicated
+  over the processes and, within each, split over that process's devices along the array's
+  largest dimension their count divides (whole on each device where none does, and when
+  processes hold unequal numbers of the devices)."""
+  devices = sorted(xs[0].sharding.device_set, key=lambda d: (d.process_index, d.id))
+  processes = sorted({d.process_index for d in devices})
+  per = len(devices) // len(processes)
+  if any(sum(d.process_index == p for d in devices) != per for p in processes):
+    per = 1
+    mesh = Mesh(np.asarray(devices), ("devices",))
+  else:
+    mesh = Mesh(np.asarray(devices).reshape(len(processes), per), ("processes", "local"))
+
+  def one(x):
+    dims = [d for d in range(x.ndim) if per > 1 and x.shape[d] % per == 0]
+    if not dims:
+      return NamedSharding(mesh, PartitionSpec())
+    dim = max(dims, key=lambda d: x.shape[d])
+    return NamedSharding(mesh, PartitionSpec(*([None] * dim), "local"))
+  return [one(x) for x in xs]
+
+
 @functools.cache
-def _whole_on(meshes: tuple):
-  """The program that replicates a list of arrays over their meshes (one per array),
-  compiled once per list of meshes and shapes."""
-  return jax.jit(lambda xs: xs, out_shardings=[NamedSharding(m, PartitionSpec())
-                                               for m in meshes])
+def _staging_program(shardings: tuple):
+  """The program that places a list of arrays on `shardings` (one per array), compiled once
+  per list of shardings and shapes."""
+  return jax.jit(lambda xs: xs, out_shardings=list(shardings))
+
+
+def _from_this_process_copy(local: jax.Array, target: NamedSharding) -> jax.Array:
+  """The global array on `target` whose pieces on this process's devices come from `local`
+  (this process's whole copy): one `device_put` where the target is this process's alone or
+  its devices of the target mesh form a block that holds the same pieces (a mesh replicated
+  over the processes, as the sampler's), else a slice per device."""
+  if target.is_fully_addressable:  # this process's devices alone (e.g. one device)
+    return jax.device_put(local, target, may_alias=False)
+  wanted = target.addressable_devices_indices_map(local.shape)
+  mine = np.vectorize(lambda d: d.process_index == jax.process_index())(target.mesh.devices)
+  corner, end = np.argwhere(mine).min(0), np.argwhere(mine).max(0) + 1
+  block = target.mesh.devices[tuple(slice(a, b) for a, b in zip(corner, end))]
+  if block.size == len(wanted):
+    here = NamedSharding(Mesh(block, target.mesh.axis_names), target.spec)
+    if here.devices_indices_map(local.shape) == wanted:
+      pieces = jax.device_put(local, here, may_alias=False).addressable_shards
+      return jax.make_array_from_single_device_arrays(local.shape, target,
+                                                      [s.data for s in pieces])
+  pieces = [jax.device_put(local[index], device) for device, index in wanted.items()]
+  return jax.make_array_from_single_device_arrays(local.shape, target, pieces)
+
+
+def _this_process_copy(x: jax.Array) -> jax.Array:
+  """This process's shards of an array staged by `transfer` (each process holds it whole)
+  as an array of this process alone, so it can be sliced without the other processes."""
+  shards = sorted(x.addressable_shards, key=lambda s: s.device.id)
+  spec = x.sharding.spec if x.sharding.mesh.axis_names == ("processes", "local") else None
+  if spec is None or all(s.index == shards[0].index for s in shards):
+    return shards[0].data  # whole on each of this process's devices
+  local = Mesh(np.asarray([s.device for s in shards]), ("local",))
+  return jax.make_array_from_single_device_arrays(
+      x.shape, NamedSharding(local, spec), [s.data for s in shards])
 
 
 def put_process_rows(x, names: tuple, mesh: Mesh, rules: Rules) -> jax.Array:

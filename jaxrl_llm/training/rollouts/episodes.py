@@ -47,9 +47,9 @@ MODEL = episode_lib.MODEL
 def local_model(policy: models.Model) -> models.Model:
   """The policy on this process's first device, without a mesh (what TurnSampler and the
   serving engine run). Parameters sharded across processes are copied by `sh.transfer`:
-  replicated over their mesh by one program, which every process issues
-  (`async_rollouts.ProgramOrder` orders it with the others), each process keeping the copy
-  on its first device."""
+  spread whole over each process's devices by one program, which every process issues
+  (`async_rollouts.ProgramOrder` orders it with the others), each process then gathering
+  its copy onto its first device."""
   device = jax.local_devices()[0]
   if jax.process_count() == 1:
     return models.Model(jax.device_put(policy.params, device), policy.config)
