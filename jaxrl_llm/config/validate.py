@@ -294,11 +294,8 @@ def _check_routing_replay(config) -> None:
   if model_type not in model_config.MOE_MODEL_TYPES:
     _fail("algo.routing_replay", "rollout", f"'off': the policy (model_type={model_type!r}) is "
           f"not a mixture of experts (one of {list(model_config.MOE_MODEL_TYPES)})")
-  # Both sampling engines and both episode players record the experts of every token they
-  # feed; agent programs' calls reach the engine through the endpoint, which keeps none.
-  if any(source.env.get("agent") for source in sources_lib.run_sources(config)):
-    _fail("algo.routing_replay", "rollout", "'off': agent programs' calls through the "
-          "endpoint do not record experts")
+  # Both sampling engines, both episode players and the agent programs' endpoint record
+  # the experts of every token they feed.
 
 
 def _check_partial(config) -> None:
@@ -316,7 +313,8 @@ def _check_partial(config) -> None:
   elif config.algo.dynamic_sampling.enabled:
     why = "False, or algo.dynamic_sampling.enabled=False (a step takes the first groups to finish)"
   elif config.algo.routing_replay != "off":
-    why = "False, or algo.routing_replay='off' (the engine does not record experts)"
+    why = ("False, or algo.routing_replay='off' (a publish reroutes a sample's context "
+           "midway, so no one record replays it; docs/moe.md)")
   elif config.sampling.top_k:
     why = f"False, or sampling.top_k=0 (the engine samples with temperature and top-p; got " \
           f"top_k={config.sampling.top_k})"

@@ -37,13 +37,16 @@ class RequestError(Exception):
 
 @dataclasses.dataclass
 class Choice:
-  """One sampled answer: its tokens and behaviour log-probs, text and message."""
+  """One sampled answer: its tokens and behaviour log-probs, text and message; an MoE
+  policy's `routing` (`Completion.routing`: the experts of its prompt and of its tokens but
+  the last, as fed)."""
   tokens: list[int]
   logprobs: list[float]
   text: str
   message: dict
   finish_reason: str
   policy_version: int
+  routing: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -139,7 +142,7 @@ class Backend:
     for c in samples:
       text = renderer.decode_turn(c.tokens)
       choices.append(Choice(c.tokens, c.logprobs, text, protocol.assistant_message(
-          _before_stop(text, request.stops())), c.finish_reason, c.policy_version))
+          _before_stop(text, request.stops())), c.finish_reason, c.policy_version, c.routing))
     if log is not None:
       with self._lock:
         log.calls.append(Call(messages, tools, list(prompt), choices, extends, added))
@@ -285,8 +288,10 @@ def _cut_at_stop(tokenizer, sample: Completion, stops: list[str]) -> Completion:
   for n in range(1, len(sample.tokens) + 1):
     if any(s in tokenizer.decode(sample.tokens[:n], skip_special_tokens=False) for s in stops):
       top = sample.top_logprobs[:n] if sample.top_logprobs is not None else None
+      routing = (None if sample.routing is None else  # its fed tokens: all but the last kept
+                 sample.routing[:len(sample.routing) - (len(sample.tokens) - n)])
       return dataclasses.replace(sample, tokens=sample.tokens[:n], logprobs=sample.logprobs[:n],
-                                 top_logprobs=top, finish_reason="stop")
+                                 top_logprobs=top, finish_reason="stop", routing=routing)
   return sample
 
 

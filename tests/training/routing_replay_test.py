@@ -11,7 +11,7 @@ from absl.testing import absltest, parameterized
 from configs import grpo, gspo
 from jaxrl_llm import training
 from jaxrl_llm.config import ConfigError, validate
-from tests.training import agent_testing, episodes_test
+from tests.training import agent_testing, agents_test, episodes_test
 from tests.training.run_logs import assert_rows_close, read_jsonl, resume_from_step_two
 
 PRESETS = {"gspo": gspo, "grpo": grpo}
@@ -90,6 +90,29 @@ class RoutingReplayTest(parameterized.TestCase):
     cfg = episodes_test.agent_config(model_dir, replies=2)
     cfg.model.dtype, cfg.sampling.engine, cfg.algo.routing_replay = "bfloat16", engine, "rollout"
     cfg.train.steps = 1
+    self.assert_every_fed_token_recorded(cfg)
+    if engine == "static":  # the update reads either player's record the same way
+      return
+    self.assert_replayed(cfg)
+
+  def test_agent_programs_record_and_replay(self):
+    """An agent program's calls through the endpoint (two per episode, the second continuing
+    the first after a user turn): each trajectory's last call carries the experts of the
+    whole trajectory, and the first pass replays them."""
+    tmp = self.create_tempdir().full_path
+    agent_file = os.path.join(tmp, "agent.py")
+    with open(agent_file, "w") as f:
+      f.write(agents_test.AGENT)
+    cfg = episodes_test.agent_config(agent_testing.make_model_dir(
+        os.path.join(tmp, "model"), moe=True, eos_logit=2.0))
+    cfg.data.env, cfg.data.agent, cfg.data.env_workers = "", f"{agent_file}:run", 8
+    cfg.model.dtype, cfg.algo.routing_replay, cfg.train.steps = "bfloat16", "rollout", 1
+    self.assert_every_fed_token_recorded(cfg)
+    self.assert_replayed(cfg)
+
+  def assert_every_fed_token_recorded(self, cfg):
+    """The first rollout records the experts of every token fed in its completion region
+    (the model's and the inserted ones), none elsewhere."""
     rollout, _, _ = episodes_test.first_rollout(cfg)
     S0, N = rollout.prompt_tokens.shape[1], rollout.tokens.shape[1]
     self.assertEqual(rollout.routing.shape[:2], (rollout.tokens.shape[0], S0 + N))
@@ -97,23 +120,22 @@ class RoutingReplayTest(parameterized.TestCase):
     fed = attended & np.roll(attended, -1, axis=1)  # every attended token but a row's last
     recorded = (rollout.routing[:, S0:] >= 0).all(axis=(2, 3))
     self.assertTrue(recorded[fed].all() and not recorded[~attended].any())
-    self.assertGreater(rollout.episodes.attention.sum() - rollout.mask.sum(), 0)  # env tokens
-    if engine == "static":  # the update reads either player's record the same way
-      return
+    inserted = rollout.episodes.attention.sum() - rollout.mask.sum()
+    self.assertGreater(inserted, 0)  # environment replies or the agent's user turns
+
+  def assert_replayed(self, cfg):
     workdir = self.create_tempdir().full_path
     training.train(cfg, workdir)
     self.assertEqual(read_jsonl(workdir)[-1]["moe/routing_mismatch"], 0.0)
 
-  def test_replay_needs_an_moe_policy_and_the_static_engine(self):
+  def test_replay_needs_an_moe_policy_and_no_partial_rollouts(self):
     c = moe_bf16("grpo", "rollout")
     c.model.arch.model_type = "llama"
     with self.assertRaisesRegex(ConfigError, r"routing_replay='rollout'.*not a mixture"):
       validate(c)
-    c = episodes_test.agent_config("unused")  # an agent program's calls keep no record
-    c.data.env, c.data.agent = "", "jaxrl_llm.envs.calculator_agent:run"
-    c.model.path, c.model.arch = "", moe_bf16("grpo", "rollout").model.arch
-    c.algo.routing_replay = "rollout"
-    with self.assertRaisesRegex(ConfigError, r"routing_replay='rollout'.*agent programs"):
+    c = moe_bf16("grpo", "rollout")
+    c.algo.max_async_level, c.rollouts.partial = 1, True
+    with self.assertRaisesRegex(ConfigError, r"rollouts.partial=True: .*reroutes"):
       validate(c)
     c = moe_bf16("grpo", "sometimes")
     with self.assertRaisesRegex(ConfigError, r"routing_replay.*'off', 'rollout'"):

@@ -92,7 +92,21 @@ def _episode(calls: Sequence[serving.Call], chain, end_of_turn: int, eos: int | 
   last = ep.tokens[-1]
   ep.end("done" if last == end_of_turn else "eos" if last == eos else
          "max_episode_tokens" if len(ep.tokens) >= width else "max_new_tokens")
+  ep.routing = _fed_routing(calls[chain[-1][0]].choices[chain[-1][1]].routing, len(ep.tokens))
   return ep
+
+
+def _fed_routing(routing, length: int):
+  """An MoE policy's record of a trajectory's last call (`serving.Choice.routing`: its
+  prompt, which is the whole trajectory before the answer, then the answer but its last
+  token), for the trajectory's `length` tokens; -1 throughout (nothing replayed) should the
+  engine's sequence not be the trajectory's."""
+  if routing is None:
+    return None
+  routing = np.asarray(routing, np.int32)
+  if len(routing) != length - 1:
+    return np.full((length - 1,) + routing.shape[1:], -1, np.int32)
+  return routing
 
 
 def episode_samples(calls: Sequence[serving.Call], end_of_turn: int, eos: int | None,
