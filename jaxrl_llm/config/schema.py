@@ -78,6 +78,33 @@ def teacher_config() -> ConfigDict:
   })
 
 
+JUDGE_TEMPLATE = (
+    "Rate how well the response answers the question, from 0 (wrong or unhelpful) to 10 "
+    "(correct and complete).\n\nQuestion:\n{prompt}\n\nResponse:\n{completion}\n\n"
+    "Reply with 'Score: N' and nothing else.")
+
+
+def judge_config() -> ConfigDict:
+  """A reward model or an LLM judge scoring completions (jaxrl_llm/rewards/judge.py)."""
+  return ConfigDict({
+      "path": "",  # HF checkpoint dir, local or gs://; '' = no judge. Its own tokenizer
+      # classifier: a *ForSequenceClassification reward model (one label), its score at the last
+      # token; generative: a causal LM answers `template` greedily, `parser` reads the score
+      "kind": "classifier",
+      "weight": 1.0,  # the judge's weight in the reward total (logged as reward/judge)
+      "sources": (),  # names of config.sources it scores; () = every source
+      "chat": True,  # render through the judge tokenizer's chat template (when it has one)
+      "template": JUDGE_TEMPLATE,  # generative: {prompt}, {completion} and the record's fields
+      # generative: a regex whose first group is the score (the last match counts), or a
+      # function "pkg.module:fn" (verdict text -> float or None)
+      "parser": r"[Ss]core:\s*(-?\d+(?:\.\d+)?)",
+      "unparsed": 0.0,  # generative: the score of a verdict without one
+      "max_len": 1024,  # judge tokens per text; a longer text keeps its last max_len
+      "max_new_tokens": 32,  # generative: the verdict's length at most
+      "batch_size": 64,  # texts per judge program (rounded up to a multiple of the devices)
+  })
+
+
 def mesh_config() -> ConfigDict:
   """Device mesh and the logical-axis -> mesh-axes rules (see jaxrl_llm/sharding.py)."""
   return ConfigDict({
@@ -361,6 +388,7 @@ def base_config() -> ConfigDict:
   config.model = model_config()
   config.lora = lora_config()
   config.teacher = teacher_config()
+  config.judge = judge_config()
   config.mesh = mesh_config()
   config.sampling = sampling_config()
   config.algo = algo_config(config.sampling)

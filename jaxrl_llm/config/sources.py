@@ -110,11 +110,24 @@ def run_sources(config) -> tuple[Source, ...]:
   """The run's sources in `config.sources`' order (one, named '', without it)."""
   if not is_mixed(config):
     return (Source("", config.data.source, dict(config.data.task_options), 1.0,
-                   config.rewards, config.algo.copy_and_resolve_references(),
+                   _judged(config, "", config.rewards), config.algo.copy_and_resolve_references(),
                    _env_fields(config.data)),)
-  return tuple(Source(name, s.data, dict(s.task_options), float(s.weight), s.rewards,
-                      source_algo(config, name), _env_fields(s))
+  return tuple(Source(name, s.data, dict(s.task_options), float(s.weight),
+                      _judged(config, name, s.rewards), source_algo(config, name), _env_fields(s))
                for name, s in config.sources.items())
+
+
+JUDGE_FUNCTION = "jaxrl_llm.rewards.judge:judge"  # the reward function of `config.judge`
+
+
+def _judged(config, name: str, rewards):
+  """A source's `rewards`, with `config.judge` after its functions where the judge scores
+  it (`judge.sources`: its name, or () for every source)."""
+  judge = config.get("judge")
+  if judge is None or not judge.path or (judge.sources and name not in judge.sources):
+    return rewards
+  return ml_collections.ConfigDict({"functions": tuple(rewards.functions) + (JUDGE_FUNCTION,),
+                                    "weights": tuple(rewards.weights) + (judge.weight,)})
 
 
 def rows_per_prompt(config) -> int:

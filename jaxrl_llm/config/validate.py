@@ -15,7 +15,8 @@ from absl import logging
 
 from jaxrl_llm import import_path, paths, sampling
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.config import algo_checks, env_checks, inputs, keys, reward_checks, schema
+from jaxrl_llm.config import (algo_checks, env_checks, inputs, judge_checks, keys, reward_checks,
+                              schema)
 from jaxrl_llm.config.errors import ConfigError
 from jaxrl_llm.config.errors import fail as _fail
 from jaxrl_llm.config.errors import one_of as _one_of
@@ -57,6 +58,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_routing_replay(config)
     _check_partial(config)
     _check_teacher(config)
+    judge_checks.check_judge(config)
     reward_checks.check_rewards(config)  # resolves the functions, checks the weights
     if workdir is not None:
       check_writable(workdir)

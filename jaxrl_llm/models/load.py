@@ -210,7 +210,9 @@ def layer_places(cfg: ModelConfig) -> list[tuple[str, int, str]]:
 def _top_entries(cfg: ModelConfig) -> list[tuple[tuple[str, ...], str, bool]]:
   """(our path, HF name, HF stores it transposed) of the tensors outside the layers."""
   e = [(("embed",), "model.embed_tokens.weight", False), (("final_norm", "scale"), "model.norm.weight", False)]
-  if not cfg.tie_word_embeddings:
+  if cfg.head == "value":  # a reward model's score head: one label, no bias
+    e.append((("value_head", "kernel"), "score.weight", False))
+  elif not cfg.tie_word_embeddings:
     e.append((("lm_head",), "lm_head.weight", True))
   return e
 
@@ -285,6 +287,14 @@ def check_model_dir(path: str) -> dict[str, Any]:
   return hf_config
 
 
+def tensor_names(path: str) -> set[str] | None:
+  """The tensor names of a local model directory's safetensors (their headers only); None
+  for a remote one (gs://), whose files would have to be copied first."""
+  if paths.is_remote(path):
+    return None
+  return _SafetensorsDir(path).names()
+
+
 def _set(tree: dict, path: tuple[str, ...], value) -> None:
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
@@ -299,10 +309,11 @@ def _get(tree: dict, path: tuple[str, ...]):
 
 def load_params(path: str, cfg: ModelConfig) -> dict[str, Any]:
   """Reads the safetensors of `path` into our (numpy, host) parameter tree for `cfg`."""
-  if cfg.head != "lm":
-    raise ValueError("Hugging Face checkpoints hold language models; make a value model with "
-                     "models.value_model(policy) instead")
   st = _SafetensorsDir(paths.local_copy(path))  # memory maps need local files
+  if cfg.head != "lm" and "score.weight" not in st.entries:
+    raise ValueError(f"checkpoint {path!r} has no score head (score.weight): a value head "
+                     "loads from a sequence-classification checkpoint (a reward model); make "
+                     "a critic from a language model with models.value_model(policy) instead")
   dtype = _NP_DTYPES[cfg.param_dtype]
   used = set()
 
@@ -317,11 +328,14 @@ def load_params(path: str, cfg: ModelConfig) -> dict[str, Any]:
     return np.asarray(st.get(name), dtype=dtype)
 
   D, V = cfg.hidden_size, cfg.vocab_size
-  hf_top = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,), "lm_head.weight": (V, D)}
+  hf_top = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,), "lm_head.weight": (V, D),
+            "score.weight": (1, D)}
   params: dict[str, Any] = {}
   for ours, hf, transposed in _top_entries(cfg):
     x = read(hf, hf_top[hf])
     _set(params, ours, np.ascontiguousarray(x.T) if transposed else x)
+  if cfg.head == "value":
+    params["value_head"] = {"kernel": params["value_head"]["kernel"][0], "bias": np.zeros((), dtype)}
   stacks: dict[str, Layer] = {}
   sizes = {name: stop - start for (_, start, stop), name in zip(cfg.segments, cfg.stack_names)}
   for i, (stack, j, kind) in enumerate(layer_places(cfg)):  # one layer at a time, stacked
@@ -357,6 +371,7 @@ def hf_tensors(params: dict[str, Any], cfg: ModelConfig) -> Iterator[tuple[str, 
   """Yields (HF name, host array) for every parameter, in HF layout."""
   for ours, hf, transposed in _top_entries(cfg):
     x = np.asarray(_get(params, ours))
+    x = x[None] if hf == "score.weight" else x  # [1 label, D]; the head's bias stays 0
     yield hf, np.ascontiguousarray(x.T if transposed else x)
   stacks = {name: dict(_leaves(params[name])) for name in cfg.stack_names}
   for i, (stack, j, kind) in enumerate(layer_places(cfg)):

@@ -17,7 +17,7 @@ import numpy as np
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import data, distributed, sampling
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.rewards import RewardSet, Rewards
+from jaxrl_llm.rewards import RewardSet, Rewards, judge
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.config import reward_checks
 from jaxrl_llm.config.sources import Source
@@ -169,6 +169,8 @@ def greedy_samples(config, count: int, model_path: str = "", source: str = "") -
   config_lib.validate(config)
   mesh, rules = sh.split_meshes(config.mesh)[0], sh.freeze_rules(config.mesh.rules)
   tokenizer, policy = setup_lib.load_tokenizer_and_policy(config, mesh, rules)
+  if config.judge.path:  # a reward function of the sources
+    judge.load(config)
   run_sources = sources_lib.run_sources(config)
   names = [s.name for s in run_sources]
   if len(config.sources) and source and source not in names:

@@ -138,6 +138,8 @@ def throughput(model_config, plan, rollout, arrays, times: dict[str, float], sam
     samples, new_tokens: G and N.
     peak: the FLOP/s of all the mesh's devices together.
     teacher_config: the teacher's `ModelConfig` when one scores the batch.
+  Judges (`config.judge`) add the FLOPs they spent scoring the rollout (`judge_flops`, every
+  process's) to the step's.
   """
   prompts = len(rollout.prompts) * jax.process_count()
   sampled = rollout.logprobs is not None
@@ -148,13 +150,15 @@ def throughput(model_config, plan, rollout, arrays, times: dict[str, float], sam
       generated=lengths if sampled else None, reference=plan.reference, value=plan.value_model,
       recompute_old_logp=plan.old_logp == "recompute", teacher_config=teacher_config,
       hinted_len=0 if arrays.hint_tokens is None else arrays.hint_tokens.shape[1])
+  judge = float(np.sum(distributed.concat(np.asarray([rollout.judge_flops], np.float64))))
   train_tokens = float(distributed.sum_int(int(arrays.loss_mask.sum())))
   t_update = max(times["update"], 1e-9)
   return dict(step_time_s=times["step"], sample_time_s=times["sample"],
               logprob_time_s=times["logprob"], update_time_s=times["update"],
-              mfu=work["total"] / times["step"] / peak, update_mfu=work["update"] / t_update / peak,
+              mfu=(work["total"] + judge) / times["step"] / peak, update_mfu=work["update"] / t_update / peak,
               train_tokens_per_s=train_tokens * plan.algo.num_iterations / t_update,
-              sample_tokens_per_s=lengths / max(times["sample"], 1e-9))
+              sample_tokens_per_s=lengths / max(times["sample"], 1e-9),
+              **({"judge/flops": judge} if judge else {}))
 
 
 def peak_flops_per_device(devices, override: float = 0.0) -> tuple[float, str]:

@@ -13,6 +13,7 @@ from jaxrl_llm import sharding as sh
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.models import load, lora
 from jaxrl_llm.models.config import MOE_MODEL_TYPES, ModelConfig, from_hf_dict, lora_targets
+from jaxrl_llm.rewards import judge as judge_lib
 from jaxrl_llm.training import programs as programs_lib
 from jaxrl_llm.training import state as state_lib
 from jaxrl_llm.training.plan import Plan
@@ -226,6 +227,8 @@ def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
     teacher = models.frozen(abstract_model(teacher_cfg) if abstract else models.place(
         models.Model(load.load_params(config.teacher.path, teacher_cfg), teacher_cfg), mesh,
         rules))
+  if config.judge.path and not abstract:  # a reward function's model: on this process's devices
+    judge_lib.load(config)
   trained = Models(mesh, rules, policy, reference, value, rollout_policy, teacher, base,
                    rollout_base)
   # One schedule: the optimizer follows it and the `lr` metric reads it.

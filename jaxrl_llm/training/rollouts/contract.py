@@ -114,6 +114,7 @@ class Rollout:
       policy version (updates done) that sampled it (its oldest token's); else None.
     in_flight: partial rollouts' samples still in flight after this batch: a function that
       writes them as JSON (what a checkpoint stores, `rollouts.partial`), else None.
+    judge_flops: the model FLOPs `config.judge` spent scoring this process's rows.
   """
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
@@ -136,6 +137,7 @@ class Rollout:
   step: int | None = None
   policy_version: int | None = None
   in_flight: Callable[[], str] | None = None
+  judge_flops: float = 0.0
 
   @property
   def attention(self) -> np.ndarray:

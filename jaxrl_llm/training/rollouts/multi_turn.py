@@ -106,7 +106,8 @@ class EpisodeRollouts:
                                                        batch.source_positions),
         episodes=EpisodeParts(arrays.attention, [ep.as_row() for ep in rows],
                               echo_weights=arrays.echo_weights if self.echo else None,
-                              turn_rewards=arrays.turn_rewards), routing=arrays.routing)
+                              turn_rewards=arrays.turn_rewards), routing=arrays.routing,
+        judge_flops=self.score_rows.take_judge_flops())
 
   def _play_sources(self, model, batch: data.RecordBatch, sources: np.ndarray, key: jax.Array):
     """(each of the B episodes' trajectories, prompt-major (one, or an agent's up to K); the

@@ -166,7 +166,8 @@ class SampledRollouts:
         prompts=[blocks[b].texts[p * G] for b, p in chosen],
         completions=[c for b, p in chosen for c in blocks[b].completions[rows(b, p)]],
         stats=stats, mixed=mixed, hinted=self._chosen_hints(blocks, chosen),
-        routing=self._chosen_routing(blocks, chosen, prompt_tokens.shape[1]))
+        routing=self._chosen_routing(blocks, chosen, prompt_tokens.shape[1]),
+        judge_flops=self.score_rows.take_judge_flops())
 
   def _chosen_hints(self, blocks: list[Block], chosen) -> Hinted | None:
     if blocks[0].hinted is None:

@@ -8,6 +8,7 @@ import numpy as np
 from jaxrl_llm import data
 from jaxrl_llm.config import reward_checks
 from jaxrl_llm.rewards import Rewards
+from jaxrl_llm.rewards import judge as judge_lib
 
 
 class RowScorer:
@@ -24,12 +25,26 @@ class RowScorer:
     self.reward_sets = [reward_checks.reward_set(s) for s in sources]
     self.names = tuple(s.name for s in sources) if mixed else ()
     self.G = num_samples
+    self.judge_flops = 0.0  # `config.judge`'s model FLOPs on the rows scored (`take_judge_flops`)
+
+  def take_judge_flops(self) -> float:
+    """The judge's FLOPs since the last call (0 without a judge)."""
+    spent, self.judge_flops = self.judge_flops, 0.0
+    return spent
 
   def __call__(self, batch: data.RecordBatch, prompts: list[str], completions: list[str],
                extra: dict[str, list] | None = None) -> Rewards:
     """The rewards of `completions` (G per record of `batch`, prompt-major); `extra`: more
     fields, one value per row (an episode's `turns` and `messages`)."""
-    G, extra = self.G, extra or {}
+    before = judge_lib.flops()
+    try:
+      return self._score(batch, prompts, completions, extra or {})
+    finally:
+      self.judge_flops += judge_lib.flops() - before
+
+  def _score(self, batch: data.RecordBatch, prompts: list[str], completions: list[str],
+             extra: dict[str, list]) -> Rewards:
+    G = self.G
     if batch.sources is None:
       return self.reward_sets[0](prompts, completions, **batch.fields(repeat=G), **extra)
     total = np.zeros(len(prompts), np.float32)
