@@ -93,6 +93,9 @@ class _Worker:
         reply = self._read_line(TIMEOUT_S)
       except OSError:  # the child died (say, out of memory) and closed its end
         reply = None
+      except BaseException:  # KeyboardInterrupt: its reply would answer the next request
+        self.stop()
+        raise
       if reply is None:
         self.stop()
         return "0"
@@ -113,9 +116,11 @@ class _Worker:
     """The child's next line, or None when it sends none within `timeout_s` or exits."""
     deadline = time.monotonic() + timeout_s
     fd = self._proc.stdout.fileno()
+    readable = select.poll()  # not select.select: a trainer's descriptors can pass 1024
+    readable.register(fd, select.POLLIN)
     while b"\n" not in self._pending:
       left = deadline - time.monotonic()
-      if left <= 0 or not select.select([fd], [], [], left)[0]:
+      if left <= 0 or not readable.poll(left * 1000):
         return None
       chunk = os.read(fd, 4096)
       if not chunk:
