@@ -38,6 +38,10 @@ setuptools.setup(
         "fastapi",
         "uvicorn",
         "openai>=1.40",
+        # jaxrl_llm.rewards.math:math_verify (symbolic equivalence of math answers). Pure
+        # Python: latex2sympy2_extended, antlr4-python3-runtime and sympy come with it (sympy,
+        # ~80 MB installed, is imported only by the reward's child process).
+        "math-verify>=0.9",
     ],
     entry_points={"console_scripts": ["jaxrl-llm-train=jaxrl_llm.cli:run",
                                       "jaxrl-llm-compile=jaxrl_llm.aot.cli:run"]},

@@ -151,6 +151,11 @@ def get_config(arg=None):
   d.source = config_lib.REQUIRED  # 'jsonl:DIR/{split}.jsonl': launch/prepare_gsm8k.py writes DIR
   d.chat_template = True  # the question as one user turn of Qwen3's template
 
+  # gsm8k_exact, not math_verify (jaxrl_llm.rewards.math): on GSM8K's marked integer and
+  # decimal answers the two agree, but math_verify also credits an unmarked "The answer is
+  # 72", which gsm8k_exact scores 0 (the 0.1 format reward teaches the marker), and scores 0
+  # a completion with two boxes (their set), where gsm8k_exact reads the last; its symbolic
+  # equivalence adds nothing for integer answers (tests/rewards/math_verify_test.py).
   config.rewards.functions = ("jaxrl_llm.rewards.gsm8k:gsm8k_exact",
                               "jaxrl_llm.rewards.gsm8k:gsm8k_format")
   config.rewards.weights = (1.0, 0.1)

@@ -12,6 +12,8 @@ plain functions `fn(prompts, completions, **fields) -> list[float]`:
   jaxrl_llm.rewards.arithmetic:arithmetic_exact / arithmetic_format
   jaxrl_llm.rewards.countdown:countdown_exact   / countdown_format
   jaxrl_llm.rewards.gsm8k:gsm8k_exact           / gsm8k_format
+  jaxrl_llm.rewards.math:math_verify            (Hugging Face's math-verify; `math_worker`
+                                                is the child process it runs in)
 """
 from jaxrl_llm.rewards.reward_set import RewardError
 from jaxrl_llm.rewards.reward_set import Rewards
