@@ -13,7 +13,8 @@ import transformers
 from absl.testing import absltest
 
 from configs import smoke
-from jaxrl_llm.config import ConfigError, validate
+from jaxrl_llm.config import ConfigError, schema, validate
+from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.rewards import judge as judge_lib
 
@@ -119,6 +120,23 @@ class JudgeTest(absltest.TestCase):
     config.judge.sources = ("math",)
     self.assertRaisesRegex(ConfigError, r"config.judge.sources=.*'math' is not a source", validate,
                            config)
+
+  def test_the_judge_scores_the_sources_it_names(self):
+    config = judge_config(self.classifier, "classifier")
+    config.judge.weight = 0.25
+    with config.sources.unlocked():
+      config.sources.a = schema.source_config("task:arithmetic")
+      config.sources.b = schema.source_config("task:arithmetic")
+    config.judge.sources = ("b",)
+    functions = {s.name: (tuple(s.rewards.functions), tuple(s.rewards.weights))
+                 for s in sources_lib.run_sources(config)}
+    plain = tuple(schema.rewards_config().functions)
+    self.assertEqual(functions["a"][0], plain)
+    self.assertEqual(functions["b"], (plain + (sources_lib.JUDGE_FUNCTION,),
+                                      tuple(schema.rewards_config().weights) + (0.25,)))
+    config.judge.sources = ()  # every source
+    self.assertTrue(all(s.rewards.functions[-1] == sources_lib.JUDGE_FUNCTION
+                        for s in sources_lib.run_sources(config)))
 
   def test_judges_train_grpo_through_the_command_line(self):
     for kind, path in (("classifier", self.classifier), ("generative", self.seven)):
