@@ -6,7 +6,7 @@
   jsonl        WORKDIR/metrics.jsonl, one JSON object per row
   wandb        a Weights & Biases run (entity, mode, directory: wandb's own WANDB_* variables)
   mlflow       an MLflow run (MLFLOW_TRACKING_URI; MLflow's default is sqlite:///mlflow.db)
-  trackio      a trackio run (TRACKIO_DIR; trackio's default is ~/.cache/huggingface/trackio)
+  trackio      a trackio run (TRACKIO_DIR; trackio's default is $HF_HOME/trackio)
 
 Each is a small class with one interface: `log(step, row)` takes the row metrics.jsonl
 holds, `log_table(step, rows)` a step's rollouts.jsonl rows (`config.logging.rollouts_every`)
