@@ -17,10 +17,11 @@ workdir; they take the resolved config, flattened, and the run's identity as par
 rollouts as a table without the aligned token lists (rollouts.jsonl keeps those).
 
 Resume: WORKDIR/trackers.json keeps their run ids and the last step sent to them, and a run
-started on the same workdir continues those runs. A resumed run redoes the steps after its
-checkpoint: metrics.jsonl and TensorBoard replace the rows of those steps, but a tracker run
-cannot take back what it was sent (wandb refuses a step below its last), so the steps it
-already has are not sent again.
+resumed from a checkpoint in the same workdir continues those runs (one that starts from
+step 0 opens new ones, as it starts metrics.jsonl anew). A resumed run redoes the steps after
+its checkpoint: metrics.jsonl and TensorBoard replace the rows of those steps, but a tracker
+run cannot take back what it was sent (wandb refuses a step below its last), so the steps
+it already has are not sent again.
 """
 from __future__ import annotations
 
@@ -182,13 +183,13 @@ class Trackio(_Run):
 
 class RunBook:
   """WORKDIR/trackers.json: the run ids of the trackers outside the workdir and the last
-  step sent to them. It is a tracker itself, the last in the list: a row's step is
-  recorded once every tracker has the row."""
+  step sent to them, read back by a resumed run (`resumed`). It is a tracker itself, the
+  last in the list: a row's step is recorded once every tracker has the row."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, resumed: bool):
     self.path = paths.join(workdir, FILE)
     saved = {}
-    if paths.exists(self.path):
+    if resumed and paths.exists(self.path):
       with paths.open(self.path) as f:
         saved = json.load(f)
     self.runs, self.step = saved.get("runs", {}), saved.get("step", -1)
@@ -213,14 +214,14 @@ REMOTE = {"wandb": Wandb, "mlflow": Mlflow, "trackio": Trackio}  # (name, projec
 
 
 def open_trackers(logging_cfg, workdir: str, start_step: int, params: dict) -> list:
-  """The trackers of `config.logging.trackers`, in order, those outside the workdir
-  continuing the runs trackers.json names (`params`: `run_params`)."""
+  """The trackers of `config.logging.trackers`, in order; those outside the workdir continue
+  the runs trackers.json names if the run resumes (`params`: `run_params`)."""
   names = logging_checks.tracker_names(logging_cfg.trackers)
   trackers = [LOCAL[n](workdir, start_step) for n in names if n in LOCAL]
   remote = [n for n in names if n in REMOTE]
   if not remote:
     return trackers
-  book = RunBook(workdir)
+  book = RunBook(workdir, resumed=start_step > 0)
   name = posixpath.basename(workdir.rstrip("/")) or "run"
   for n in remote:
     saved = book.runs.get(n, {})

@@ -197,6 +197,19 @@ class TrackersRunTest(absltest.TestCase):
     self.assertEqual((config["train.steps"], config["run.workdir"]), (4, self.workdir))
 
 
+class RunBookTest(absltest.TestCase):
+
+  def test_a_resumed_run_reads_the_book_and_a_fresh_start_does_not(self):
+    workdir = self.create_tempdir().full_path
+    book = trackers.RunBook(workdir, resumed=False)
+    book.runs["wandb"] = {"id": "abc"}
+    book.log(3, {"step": 3})
+    self.assertEqual(trackers.RunBook(workdir, resumed=True).runs, {"wandb": {"id": "abc"}})
+    self.assertEqual(trackers.RunBook(workdir, resumed=True).step, 3)
+    self.assertEqual(trackers.RunBook(workdir, resumed=False).runs, {})  # new runs
+    self.assertEqual(trackers.RunBook(workdir, resumed=False).step, -1)
+
+
 class ProcessesTest(absltest.TestCase):
 
   def test_only_process_zero_opens_trackers(self):
