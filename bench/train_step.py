@@ -207,7 +207,7 @@ def main(argv):
   config.train.steps = _WARMUP.value + _STEPS.value
   config.train.eval_every, config.train.log_every = 0, 1
   config.checkpoint.every = 0
-  config.logging.tensorboard = False
+  config.logging.trackers = ("jsonl",)
   result = dict(devices=jax.device_count(), device_kind=jax.devices()[0].device_kind,
                 jax=jax.__version__, layers=config.model.arch.num_layers)
   if not _MEMORY_ONLY.value:

@@ -146,7 +146,7 @@ class NonEditableInstallTest(absltest.TestCase):
     self.assertEqual(where, os.path.join(site, "jaxrl_llm", "presets"))
     workdir = os.path.join(tmp, "run")
     run([os.path.join(bin_dir, "jaxrl-llm-train"), "--config=smoke", f"--workdir={workdir}",
-         "--config.train.steps=1", "--config.logging.tensorboard=false"], cwd=outside, env=env)
+         "--config.train.steps=1", "--config.logging.trackers=jsonl"], cwd=outside, env=env)
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
       rows = [json.loads(line) for line in f]
     self.assertEqual([r["step"] for r in rows], [1])

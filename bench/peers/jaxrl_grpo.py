@@ -105,7 +105,7 @@ def make_config(tmp: str, overrides: list[str]):
   t.micro_batch_size = W.NUM_PROMPTS * W.GROUP  # all 64 completions in one pass
   t.eval_every, t.log_every = 0, 1
   c.checkpoint.every = 0
-  c.logging.tensorboard = False
+  c.logging.trackers = ("jsonl",)
   c.seed = W.SEED
 
   for item in overrides:

@@ -10,6 +10,11 @@ from jaxrl_llm.config import schema
 from jaxrl_llm.config.errors import ConfigError
 
 
+# Keys the schema had once, and what replaced them.
+REPLACED = {f"config.logging.{name}": f"name {name!r} in config.logging.trackers or leave it "
+            "out, e.g. --config.logging.trackers=jsonl" for name in ("tensorboard", "jsonl")}
+
+
 def is_group(value) -> bool:
   """A config group (a ConfigDict or a dict), not a field."""
   return isinstance(value, (ml_collections.ConfigDict, dict))
@@ -51,6 +56,7 @@ def unknown_key(path: str, schema_config=None) -> str | None:
 def _unknown_key_message(key: str, group, prefix: str) -> str:
   close = difflib.get_close_matches(key, list(group.keys()), n=1)
   hint = f"did you mean {prefix}.{close[0]}?" if close else f"expected one of {sorted(group.keys())}"
+  hint = REPLACED.get(f"{prefix}.{key}", hint)
   return f"{prefix}.{key} is not a known key; {hint}"
 
 

@@ -375,10 +375,17 @@ def checkpoint_config() -> ConfigDict:
 
 
 def logging_config() -> ConfigDict:
-  """What process 0 writes: WORKDIR/metrics.jsonl, TensorBoard events in WORKDIR/tb and,
-  every `rollouts_every` steps (0: never), the step's completions in WORKDIR/rollouts.jsonl
-  (`training.rollout_log`)."""
-  return ConfigDict({"tensorboard": True, "jsonl": True, "rollouts_every": 0})
+  """Where process 0 sends each metrics row (`training.trackers`) and, every `rollouts_every`
+  steps (0: never), the step's completions: WORKDIR/rollouts.jsonl (`training.rollout_log`),
+  and a table in each of wandb, mlflow and trackio that is on."""
+  return ConfigDict({
+      # any of tensorboard (WORKDIR/tb), jsonl (WORKDIR/metrics.jsonl), wandb, mlflow, trackio
+      # (each its pip extra, jaxrl_llm[wandb] ...); on the command line comma-separated:
+      # --config.logging.trackers=tensorboard,jsonl,wandb
+      "trackers": ("tensorboard", "jsonl"),
+      "project": "jaxrl_llm",  # the wandb project, MLflow experiment and trackio project
+      "rollouts_every": 0,
+  })
 
 
 def base_config() -> ConfigDict:

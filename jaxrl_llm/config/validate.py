@@ -4,7 +4,7 @@ A bad value fails in seconds with one `ConfigError` naming the field, the value 
 what was expected, not an hour into a run. Checks that belong to an object the library
 builds from the config (the sampler's settings, the reward functions) are that object's
 own: they run here by building it. The algorithm axes are checked in `algo_checks`, the
-reward functions in `reward_checks`.
+reward functions in `reward_checks`, the trackers in `logging_checks`.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from absl import logging
 
 from jaxrl_llm import import_path, paths, sampling
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.config import (algo_checks, env_checks, inputs, judge_checks, keys, reward_checks,
-                              schema)
+from jaxrl_llm.config import (algo_checks, env_checks, inputs, judge_checks, keys,
+                              logging_checks, reward_checks, schema)
 from jaxrl_llm.config.errors import ConfigError
 from jaxrl_llm.config.errors import fail as _fail
 from jaxrl_llm.config.errors import one_of as _one_of
@@ -49,7 +49,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_data(config)
     _check_processes(config, devices)
     _check_checkpoint(config.checkpoint)
-    _check_logging(config.logging)
+    logging_checks.check_logging(config.logging)
     _check_batch_shards(config, devices)
     _check_model(config.model)
     _check_lora(config)
@@ -170,12 +170,6 @@ def _check_checkpoint(c) -> None:
     _fail("checkpoint.every", c.every, ">= 0 (0 = only at the end)")
   if c.keep < 1:
     _fail("checkpoint.keep", c.keep, ">= 1")
-
-
-def _check_logging(c) -> None:
-  if c.rollouts_every < 0:
-    _fail("logging.rollouts_every", c.rollouts_every,
-          ">= 0 (0 = no rollouts.jsonl; N = every N-th step's completions)")
 
 
 def _check_batch_shards(config, devices) -> None:

@@ -5,7 +5,8 @@ Modules, in the order a run uses them: `plan` (what the config's algorithm needs
 optimizer, state layout, compiled `programs`), `feed`
 (each step's rollout: `rollout`, `async_rollouts`), `prepare` (rollout -> training
 batch), `steps` (the pure update steps), `guards` (preemption, non-finite updates),
-`metrics` and `flops` (what is logged), `evaluation` (held-out accuracy).
+`metrics` and `flops` (what is logged), `trackers` (where: metrics.jsonl, TensorBoard,
+wandb, MLflow, trackio), `evaluation` (held-out accuracy).
 """
 from jaxrl_llm.training.evaluation import greedy_samples
 from jaxrl_llm.training.loop import train

@@ -26,7 +26,7 @@ from jaxrl_llm import config as config_lib
 from jaxrl_llm.training import evaluation, feed as feed_lib, flops, guards
 from jaxrl_llm.training import metrics as metrics_lib
 from jaxrl_llm.training import plan as plan_lib
-from jaxrl_llm.training import prepare, resume, rollout_log, setup as setup_lib
+from jaxrl_llm.training import prepare, resume, rollout_log, setup as setup_lib, trackers
 
 
 def train(config, workdir: str, devices=None, print_config: bool = False,
@@ -36,7 +36,8 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
   Args:
     config: a full config (a preset from `configs/`, `jaxrl_llm.config.preset`).
     workdir: a local directory or a gs:// URL; checkpoints, metrics.jsonl, tb/ and
-      export/ go here; a workdir that holds checkpoints is resumed from the latest.
+      export/ go here; a workdir that holds checkpoints is resumed from the latest (and
+      the runs of config.logging.trackers that trackers.json names are continued).
     devices: the devices of the mesh (default: all devices of all processes).
     print_config: print the whole config (process 0) once it is validated.
     resume_with_changes: resume a checkpoint of another `config.algo` or `config.model`.
@@ -54,10 +55,11 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
                if t.eval_every > 0 else None)
   guard = guards.NonFiniteGuard(t.max_consecutive_skips, start.skipped_steps,
                                 start.consecutive_skips)
-  writer = metrics_lib.MetricsWriter(workdir, config.logging, t.steps, start.step)
+  params = trackers.run_params(config, workdir, resume.run_identity(config))
+  writer = metrics_lib.MetricsWriter(workdir, config.logging, t.steps, start.step, params)
   rollout_writer = rollout_log.RolloutWriter(
       workdir, config.logging.rollouts_every,
-      tuple(s.name for s in plan.sources) if plan.mixed else (), start.step)
+      tuple(s.name for s in plan.sources) if plan.mixed else (), start.step, writer)
   peak = _announce(writer, plan, mesh, t.peak_flops_per_device, start.step, workdir)
   as_policy = lambda st: setup.models.trained_policy(st.policy_params)
   state, row = start.state, {}

@@ -26,7 +26,8 @@ turn, an environment reply, ...), `turn_roles`, `turn_messages` (messages in it)
 `reward_parts` holds `env` (their sum) beside the reward functions'; `ended` is one of
 done, eos, max_new_tokens, max_turns, max_episode_tokens, env_error.
 
-A resumed run drops the rows of the steps it redoes, as metrics.jsonl does.
+A resumed run drops the rows of the steps it redoes, as metrics.jsonl does. The rows also go
+to each tracker that keeps tables (`trackers`: wandb, mlflow, trackio), as one table a step.
 """
 from __future__ import annotations
 
@@ -36,19 +37,21 @@ import jax
 import numpy as np
 
 from jaxrl_llm import distributed, paths
-from jaxrl_llm.training import metrics as metrics_lib
+from jaxrl_llm.training import trackers
 
 FILE = "rollouts.jsonl"
 
 
 class RolloutWriter:
-  """Writes the rollouts of every `every`-th step to DIR/rollouts.jsonl (0: never)."""
+  """Writes the rollouts of every `every`-th step to DIR/rollouts.jsonl (0: never) and to
+  `tables.log_table` (the `metrics.MetricsWriter`'s trackers)."""
 
-  def __init__(self, workdir: str, every: int, source_names: tuple[str, ...], start_step: int = 0):
+  def __init__(self, workdir: str, every: int, source_names: tuple[str, ...], start_step: int,
+               tables):
     self.every, self.source_names = every, tuple(source_names) or ("default",)
-    self.path = paths.join(workdir, FILE)
+    self.path, self.tables = paths.join(workdir, FILE), tables
     if every > 0 and jax.process_index() == 0:
-      metrics_lib.drop_rows_after(self.path, start_step)
+      trackers.drop_rows_after(self.path, start_step)
 
   def due(self, step: int) -> bool:
     return self.every > 0 and step % self.every == 0
@@ -58,6 +61,7 @@ class RolloutWriter:
     rows = rollout_rows(rollout, step, policy_version, self.source_names)
     if jax.process_index() == 0:
       paths.append(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+      self.tables.log_table(step, rows)
 
 
 def episode_rows(rollout, step: int, policy_version: int,

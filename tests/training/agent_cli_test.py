@@ -79,7 +79,7 @@ class AgentCliTest(absltest.TestCase):
     run = train(workdir, f"--config.model.path={model_dir}",
                 f"--config.data.env={env_file}:UserEnv", "--config.data.max_episode_tokens=640",
                 "--config.data.tool_timeout_s=1", "--config.sampling.max_new_tokens=16",
-                "--config.logging.rollouts_every=1", "--config.logging.tensorboard=False")
+                "--config.logging.rollouts_every=1", "--config.logging.trackers=jsonl")
     self.assertEqual(run.returncode, 0, run.stderr[-3000:])
     with open(os.path.join(workdir, "rollouts.jsonl")) as f:
       rows = [json.loads(line) for line in f]

@@ -314,7 +314,7 @@ class AgentCliTest(absltest.TestCase):
          f"--config.model.path={model_dir}", f"--config.data.agent={agent_file}:run",
          "--config.data.max_episode_tokens=96", "--config.sampling.max_new_tokens=16",
          "--config.data.env_workers=4", "--config.logging.rollouts_every=1",
-         "--config.logging.tensorboard=False"],
+         "--config.logging.trackers=jsonl"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
         env=dict(os.environ, JAX_PLATFORMS="cpu"))
     self.assertEqual(run.returncode, 0, run.stderr[-3000:])

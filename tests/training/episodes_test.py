@@ -40,7 +40,7 @@ def agent_config(model_dir: str, **env_args):
   cfg.train.steps = 2
   cfg.train.eval_every = 0
   cfg.checkpoint.every = 0
-  cfg.logging.tensorboard = False
+  cfg.logging.trackers = ("jsonl",)
   return cfg
 
 

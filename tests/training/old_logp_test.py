@@ -20,7 +20,7 @@ def _gspo_bf16(old_logp="auto"):
   c.algo.num_minibatches, c.algo.old_logp = 1, old_logp
   c.train.steps, c.train.prompts_per_step = 1, 8
   c.sampling.max_new_tokens, c.sampling.temperature = 32, 0.7
-  c.logging.tensorboard = False
+  c.logging.trackers = ("jsonl",)
   return c
 
 

@@ -29,7 +29,7 @@ def moe_bf16(preset: str, replay: str, engine: str = "static"):
   c.algo.num_minibatches, c.algo.routing_replay = 1, replay
   c.train.steps, c.train.prompts_per_step = 1, 8
   c.sampling.max_new_tokens, c.sampling.temperature, c.sampling.engine = 32, 0.7, engine
-  c.logging.tensorboard = False
+  c.logging.trackers = ("jsonl",)
   return c
 
 
