@@ -99,8 +99,9 @@ def _datasets(config, split: str) -> list:
 
 
 def source_name(source) -> str:
-  """A source's name in the outputs: its `config.sources` key, or a one-source run's data."""
-  return source.name or source.data
+  """A source's name in the outputs: its `config.sources` key, "default" in a one-source run
+  (as in rollouts.jsonl)."""
+  return source.name or "default"
 
 
 def _source_rows(config, tokenizer, policy, source, dataset, K: int) -> list[dict]:

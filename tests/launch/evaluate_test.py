@@ -11,6 +11,7 @@ import jax
 import numpy as np
 from absl.testing import absltest
 
+from configs import arithmetic as arithmetic_presets
 from configs import grpo_arithmetic
 from jaxrl_llm import assets, models, training
 from jaxrl_llm import config as config_lib
@@ -22,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 NUM_EVAL = 12  # records of the eval split: small, so the test is fast
 CONFIG_FLAGS = ["--config=configs/grpo_arithmetic.py:runlocal",
                 f"--config.data.task_options.num_eval={NUM_EVAL}"]
-SOURCE = "task:arithmetic"  # a one-source run's name in the outputs: its data
+SOURCE = "default"  # a one-source run's name in the outputs
 KEYS = {"records", "pass@1_greedy", "pass@1", "pass@2", "pass@4", "maj@4", "reward_mean",
         "reward_mean_greedy"}
 
@@ -87,6 +88,24 @@ class WarmStartTest(absltest.TestCase):
     # The warm start is right on some records and wrong on others (both greedily and sampled).
     self.assertBetween(metrics["pass@1_greedy"], 0.05, 0.95)
     self.assertTrue(0 < correct.sum() < correct.size)
+
+
+  def test_every_source_of_a_mixed_run(self):
+    config = arithmetic_presets.get_config("preset=mixed,runlocal")
+    for source in config.sources.values():
+      source.task_options.num_eval = 4
+    output = self.create_tempdir().full_path
+    summary = checkpoint_eval.evaluate(config, assets.path("arithmetic_sft"), samples=2,
+                                       output=output)
+    self.assertEqual(list(summary["sources"]), ["distill", "rl"])  # config.sources' order
+    _, rows = read_outputs(output)
+    self.assertEqual([(r["source"], r["index"]) for r in rows],
+                     [(name, i) for name in ("distill", "rl") for i in range(4)])
+    # The same records, rewards and keys: the same numbers.
+    self.assertEqual(summary["sources"]["distill"], summary["sources"]["rl"])
+    self.assertEqual(set(summary["sources"]["rl"]), {"records", "pass@1_greedy", "pass@1",
+                                                     "pass@2", "maj@2", "reward_mean",
+                                                     "reward_mean_greedy"})
 
 
 class WorkdirTest(absltest.TestCase):

@@ -1,5 +1,6 @@
 """pass@k and maj@K (`training.pass_at_k`), the answers they vote on (`training.answers`),
-`config.eval`'s checks, and the trainer's `eval/pass@k/k` metrics."""
+`config.eval`'s checks, the trainer's `eval/pass@k/k` metrics, and K episodes per record
+(`training.sampled_eval`)."""
 import json
 import math
 import os
@@ -7,11 +8,13 @@ import os
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from configs import arithmetic, grpo_arithmetic
+from configs import arithmetic, grpo_arithmetic, grpo_calculator
 from jaxrl_llm import config as config_lib
+from jaxrl_llm import data, training
 from jaxrl_llm import sharding as sh
-from jaxrl_llm import training
-from jaxrl_llm.training import answers, evaluation, pass_at_k
+from jaxrl_llm.config import sources as sources_lib
+from jaxrl_llm.rewards import calculator
+from jaxrl_llm.training import answers, evaluation, pass_at_k, sampled_eval
 from jaxrl_llm.training import setup as setup_lib
 
 
@@ -202,6 +205,31 @@ class TrainingMetricsTest(absltest.TestCase):
                      ["eval/distill/pass@k/2", "eval/rl/pass@k/2"])
     # Both sources evaluate the same data with the same rewards: the same numbers.
     self.assertEqual(metrics["eval/distill/pass@k/2"], metrics["eval/rl/pass@k/2"])
+
+
+class SampledEpisodesTest(absltest.TestCase):
+
+  def test_k_episodes_per_record(self):
+    config = grpo_calculator.get_config("runlocal")
+    config.data.task_options.num_eval = 2
+    config_lib.validate(config)
+    mesh, rules = sh.split_meshes(config.mesh)[0], sh.freeze_rules(config.mesh.rules)
+    tokenizer, policy = setup_lib.load_tokenizer_and_policy(config, mesh, rules)
+    source = sources_lib.run_sources(config)[0]
+    sampled = sampled_eval.SampledEval.for_source(config, tokenizer, policy.config, source, 3)
+    dataset = data.load_dataset(config.data, "eval", task_options=config.data.task_options)
+    batch = next(data.sequential_batches(dataset, 2))
+    try:
+      drawn = sampled.sample(sampled.model(policy), batch)
+    finally:
+      sampled.close()
+    self.assertEqual([len(c) for c in drawn.completions], [3, 3])  # K episodes per record
+    texts = [c for cs in drawn.completions for c in cs]
+    answers_K = [r["answer"] for r in batch.records for _ in range(3)]
+    np.testing.assert_array_equal(drawn.rewards.per_function["calculator_exact"],
+                                  calculator.calculator_exact([], texts, answers_K))
+    self.assertIn("env", drawn.rewards.per_function)  # the episodes' step rewards
+    np.testing.assert_array_equal(drawn.correct, drawn.totals >= config.eval.correct_at)
 
 
 if __name__ == "__main__":
