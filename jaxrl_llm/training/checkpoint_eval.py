@@ -66,9 +66,9 @@ def evaluate(config, model: str, samples: int | None = None, split: str = "eval"
   if not output and step is None:
     raise ConfigError(f"--output is required with --model={model!r} (a Hugging Face "
                       "directory): expected a directory for eval.jsonl and summary.json")
+  datasets = _datasets(config, split)
   output = output or paths.join(spec.path, f"eval_{step}")
   config_lib.check_writable(output)
-  datasets = _datasets(config, split)
   mesh, rules = sh.split_meshes(config.mesh)[0], sh.freeze_rules(config.mesh.rules)
   tokenizer, policy = saved_policy.load_policy(config, spec, step, mesh, rules)
   rows = []
