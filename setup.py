@@ -54,6 +54,7 @@ setuptools.setup(
         "math-verify>=0.9",
     ],
     entry_points={"console_scripts": ["jaxrl-llm-train=jaxrl_llm.cli:run",
+                                      "jaxrl-llm-evaluate=jaxrl_llm.eval_cli:run",
                                       "jaxrl-llm-compile=jaxrl_llm.aot.cli:run"]},
     extras_require={
         # torch is pinned: 2.13.0 is a CPU wheel on our CI machines; parity tests only.

@@ -6,6 +6,9 @@ and a fingerprint of the config parts that shape the state). orbax writes each s
 a temporary directory and renames it when complete (on gs://, where renames are not
 atomic, it writes a commit_success.txt last instead), so a run killed mid-write leaves
 the previous checkpoint as the latest.
+
+`Reader` reads a workdir's checkpoints without writing anything (`launch.evaluate`: the
+policy's parameters alone).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging
 
 from jaxrl_llm import paths
 
@@ -55,3 +59,35 @@ class Checkpointer:
     self.manager.wait_until_finished()
     self.manager.close()
 
+
+
+class Reader:
+  """A workdir's checkpoints, read only (`launch.evaluate`): their steps, their `meta`, and
+  the parts of their state asked for."""
+
+  def __init__(self, workdir: str):
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity(logging.ERROR)  # orbax warns that a read-only manager is read only
+    try:
+      self.manager = ocp.CheckpointManager(
+          paths.absolute(paths.join(workdir, "checkpoints")),
+          options=ocp.CheckpointManagerOptions(read_only=True, create=False,
+                                               save_interval_steps=0, max_to_keep=None))
+    finally:
+      logging.set_verbosity(verbosity)
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def read_meta(self, step: int) -> dict[str, Any]:
+    return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+  def restore_part(self, step: int, part: dict[str, Any]) -> dict[str, Any]:
+    """The state's fields named by `part` ({'policy_params': abstract tree}) restored into
+    its shapes, dtypes and shardings; the rest (the optimizer, a critic) is not read."""
+    return self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=part, restore_args=ocp.checkpoint_utils.construct_restore_args(part),
+        partial_restore=True))).state
+
+  def close(self) -> None:
+    self.manager.close()

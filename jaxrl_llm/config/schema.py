@@ -353,6 +353,24 @@ def source_config(data: str = "task:arithmetic", weight: float = 1.0) -> ConfigD
   })
 
 
+def eval_config() -> ConfigDict:
+  """Held-out evaluation beyond greedy accuracy (`train.eval_every` says when; `launch.evaluate`
+  evaluates a saved model): K sampled completions per record for pass@k and maj@K."""
+  return ConfigDict({
+      # K completions per eval record at the sampling temperature and top_p, for pass@k
+      # (eval/pass@k/k; eval/SOURCE/pass@k/k in a mixed run); 0 = greedy only. Also
+      # launch.evaluate's default --samples (else sampling.num_samples)
+      "num_samples": 0,
+      # the k's of pass@k, each in [1, num_samples]; () = 1, 2, 4, ... up to num_samples (and
+      # num_samples itself)
+      "pass_k": (),
+      "correct_at": 1.0,  # a sample is correct when its reward total reaches this
+      # 'pkg.module:fn' (or 'file.py:fn'): completion -> answer str or None, maj@K's vote;
+      # '' = the task's own (arithmetic, GSM8K, countdown, calculator), else the last line
+      "answer_extractor": "",
+  })
+
+
 def rollouts_config() -> ConfigDict:
   """How sampled rollouts are produced, beside `algo.max_async_level`."""
   return ConfigDict({
@@ -401,6 +419,7 @@ def base_config() -> ConfigDict:
   config.algo = algo_config(config.sampling)
   config.optimizer = optimizer_config()
   config.train = train_config()
+  config.eval = eval_config()
   config.data = data_config(config.sampling)
   config.rewards = rewards_config()
   config.rollouts = rollouts_config()

@@ -59,6 +59,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_partial(config)
     _check_teacher(config)
     judge_checks.check_judge(config)
+    _check_eval(config.eval)
     reward_checks.check_rewards(config)  # resolves the functions, checks the weights
     if workdir is not None:
       check_writable(workdir)
@@ -358,6 +359,24 @@ def _check_model_dir(field: str, path: str) -> None:
     model_config.from_hf_dict(model_load.check_model_dir(path))
   except (OSError, ValueError) as e:
     raise ConfigError(f"config.{field}={path!r}: {e}") from e
+
+
+def _check_eval(e) -> None:
+  """`config.eval`: the samples per record, the k's of pass@k, the extractor."""
+  K = e.num_samples
+  if isinstance(K, bool) or not isinstance(K, int) or K < 0:
+    _fail("eval.num_samples", K, "an integer >= 0 (0 = greedy evaluation only)")
+  if len(e.pass_k) and K == 0:
+    _fail("eval.pass_k", tuple(e.pass_k), "() when eval.num_samples is 0 (set "
+          "eval.num_samples to the samples per record, at least the largest k)")
+  bad = [k for k in e.pass_k if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= K]
+  if bad:
+    _fail("eval.pass_k", tuple(e.pass_k), f"each k an integer in [1, {K}] (eval.num_samples); "
+          f"{bad[0]!r} is not")
+  if not math.isfinite(e.correct_at):
+    _fail("eval.correct_at", e.correct_at, "a finite reward total")
+  if e.answer_extractor:
+    import_path.load_function(e.answer_extractor, "config.eval.answer_extractor")
 
 
 # --- workdir --------------------------------------------------------------------------------------

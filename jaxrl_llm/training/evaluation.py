@@ -5,7 +5,9 @@ total) and `eval/reward/NAME` per reward function; the table it prints leads wit
 first function's (`headline_key`, e.g. exact-match accuracy). A mixed run
 (`config.sources`) evaluates every source's eval split with its own functions, under
 `eval/SOURCE/reward_mean` and `eval/SOURCE/reward/NAME`, and its table leads with the first
-source's. `greedy_samples` shows what it scores.
+source's. With `config.eval.num_samples` = K > 0 it also samples every record K times
+(`sampled_eval`) and logs pass@k for the k's of `config.eval.pass_k` (default 1, 2, 4, ...,
+K) under `eval/pass@k/k` (`eval/SOURCE/pass@k/k`). `greedy_samples` shows what it scores.
 """
 from __future__ import annotations
 
@@ -21,9 +23,10 @@ from jaxrl_llm.rewards import RewardSet, Rewards, judge
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.config import reward_checks
 from jaxrl_llm.config.sources import Source
-from jaxrl_llm.training import rollouts
+from jaxrl_llm.training import pass_at_k, rollouts
 from jaxrl_llm.training.rollouts import episodes
 from jaxrl_llm.training import setup as setup_lib
+from jaxrl_llm.training.sampled_eval import SampledEval
 
 
 class Evaluator:
@@ -37,10 +40,13 @@ class Evaluator:
     prompt_format: how prompts are tokenised.
     tokenizer: the policy's tokenizer.
     batch_size: prompts per sampling call (the run's `prompts_per_step`).
+    sampled: K samples per record for pass@k (`sampled_eval`), or None (greedy only).
+    pass_ks: the k's of pass@k (with `sampled`).
   """
 
   def __init__(self, source: Source, dataset, settings: sampling.SamplingSettings,
-               prompt_format: data.PromptFormat, tokenizer, batch_size: int):
+               prompt_format: data.PromptFormat, tokenizer, batch_size: int,
+               sampled: SampledEval | None = None, pass_ks: tuple[int, ...] = ()):
     self.dataset, self.format, self.tokenizer = dataset, prompt_format, tokenizer
     self.batch_size = batch_size
     self.reward_set = reward_checks.reward_set(source)
@@ -50,6 +56,7 @@ class Evaluator:
     self.sampler = sampling.Sampler(settings, prompt_format.buckets)
     self.player = (episodes.player_for(source, tokenizer, settings)
                    if source.multi_turn else None)
+    self.sampled, self.pass_ks = sampled, tuple(pass_ks)
 
   @classmethod
   def for_source(cls, config, tokenizer, policy_config, source: Source) -> "Evaluator":
@@ -59,8 +66,12 @@ class Evaluator:
                                              sampling.pad_id(tokenizer), greedy=True)
     data_cfg = sources_lib.data_config(config, source)
     dataset = data.load_dataset(data_cfg, "eval", task_options=data_cfg.task_options)
+    K, sampled, ks = config.eval.num_samples, None, ()
+    if K > 0:
+      sampled = SampledEval.for_source(config, tokenizer, policy_config, source, K)
+      ks = pass_at_k.resolve_ks(config.eval.pass_k, K)
     return cls(source, dataset, settings, data.PromptFormat.from_config(config), tokenizer,
-               config.train.prompts_per_step)
+               config.train.prompts_per_step, sampled, ks)
 
   def complete(self, policy, batch: data.RecordBatch):
     """Greedy completions of `batch`'s prompts (texts; an episode's last model turn) and
@@ -81,12 +92,12 @@ class Evaluator:
   def __call__(self, policy) -> dict[str, float]:
     values: dict[str, list] = {}
     valid: list[np.ndarray] = []
-    if self.player is not None:  # one copy on this process's first device for every batch
-      policy = episodes.local_model(policy)
+    # One copy on this process's first device for every batch of episodes.
+    greedy = policy if self.player is None else episodes.local_model(policy)
     for batch in data.sequential_batches(self.dataset, self.batch_size,
                                          process_index=jax.process_index(),
                                          process_count=jax.process_count()):
-      _, scored = self.complete(policy, batch)
+      _, scored = self.complete(greedy, batch)
       for name, v in [("", scored.total), *scored.per_function.items()]:
         values.setdefault(name, []).append(np.where(batch.valid, v, 0.0))
       valid.append(batch.valid)
@@ -101,6 +112,9 @@ class Evaluator:
           {k: np.asarray([v]) for k, v in tools.items()}).items()}
     if tools.get("calls"):  # the valid-call rate of the held-out episodes (padding included)
       metrics[f"eval/{self.prefix}env/tool_ok_frac"] = tools["ok"] / tools["calls"]
+    if self.sampled is not None:
+      rates = self.sampled.pass_rates(policy, self.dataset, self.batch_size, self.pass_ks)
+      metrics.update({f"eval/{self.prefix}pass@k/{k}": v for k, v in rates.items()})
     return metrics
 
   def report(self, writer, step: int, policy, row: dict | None = None) -> dict[str, float]:
