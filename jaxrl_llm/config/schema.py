@@ -88,9 +88,7 @@ def judge_config() -> ConfigDict:
   """A reward model or an LLM judge scoring completions (jaxrl_llm/rewards/judge.py)."""
   return ConfigDict({
       "path": "",  # HF checkpoint dir, local or gs://; '' = no judge. Its own tokenizer
-      # classifier: a *ForSequenceClassification reward model (one label), its score at the last
-      # token; generative: a causal LM answers `template` greedily, `parser` reads the score
-      "kind": "classifier",
+      "kind": "classifier",  # a reward model's score head | generative: `template` answered
       "weight": 1.0,  # the judge's weight in the reward total (logged as reward/judge)
       "sources": (),  # names of config.sources it scores; () = every source
       "chat": True,  # render through the judge tokenizer's chat template (when it has one)
