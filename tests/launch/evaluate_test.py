@@ -31,7 +31,7 @@ KEYS = {"records", "pass@1_greedy", "pass@1", "pass@2", "pass@4", "maj@4", "rewa
 def small_config():
   config = grpo_arithmetic.get_config("runlocal")
   config.data.task_options.num_eval = NUM_EVAL
-  config.logging.tensorboard = False
+  config.logging.trackers = ("jsonl",)
   return config
 
 

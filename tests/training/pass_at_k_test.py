@@ -179,7 +179,7 @@ class TrainingMetricsTest(absltest.TestCase):
     config.train.eval_every = 1
     config.data.task_options.num_eval = 8
     config.eval.num_samples = 4
-    config.logging.tensorboard = False
+    config.logging.trackers = ("jsonl",)
     workdir = self.create_tempdir().full_path
     training.train(config, workdir)
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
