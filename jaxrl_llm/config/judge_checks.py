@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 import re
 
+import jax
+
 from jaxrl_llm import import_path
 from jaxrl_llm.config.errors import ConfigError
 from jaxrl_llm.config.errors import one_of as _one_of
@@ -64,7 +66,12 @@ def _check_classifier(path: str, hf: dict) -> None:
 
 
 def _check_generative(j) -> None:
-  """A template that shows the completion, and a parser that resolves or compiles."""
+  """One process; a template that shows the completion; a parser that resolves or compiles."""
+  if jax.process_count() > 1:
+    raise ConfigError(f"config.judge.kind='generative' on {jax.process_count()} processes: "
+                      "expected one process, or kind='classifier' (a generative judge samples "
+                      "with the policy's sampler, whose programs span every process, while each "
+                      "process scores its own rows on its own devices)")
   if "{completion}" not in j.template:
     raise ConfigError(f"config.judge.template={j.template[:80]!r}...: expected a template with "
                       "{completion} (and usually {prompt}), which the judge is asked about")

@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
+import jax
 import numpy as np
 import torch
 import transformers
@@ -116,6 +118,9 @@ class JudgeTest(absltest.TestCase):
     config.judge.template = "Rate {prompt}"
     self.assertRaisesRegex(ConfigError, r"config.judge.template=.*expected a template with "
                            r"\{completion\}", validate, config)
+    with mock.patch.object(jax, "process_count", return_value=2):
+      self.assertRaisesRegex(ConfigError, r"config.judge.kind='generative' on 2 processes",
+                             validate, judge_config(self.seven, "generative"))
     config = judge_config(self.classifier, "classifier")
     config.judge.sources = ("math",)
     self.assertRaisesRegex(ConfigError, r"config.judge.sources=.*'math' is not a source", validate,
