@@ -101,24 +101,29 @@ class _Run:
       self._log_table(step, *table(rows))
 
 
-class Wandb(_Run):
-  """A wandb run, `id=..., resume="allow"` (WANDB_MODE=offline: written under WANDB_DIR)."""
-
-  def __init__(self, name: str, project: str, params: dict, saved: dict):
-    import wandb  # pylint: disable=g-import-not-at-top
-    self.wandb = wandb
-    self.run = wandb.init(project=project, name=name, config=params, resume="allow",
-                          id=saved.get("id"))  # None: a new run, with an id of wandb's
-    self.ids = {"id": self.run.id}
+class _RunLog(_Run):
+  """A run of a tracker with wandb's interface (`run.log`, `Table`, `run.finish`): wandb's
+  and trackio's; `module` is the tracker's."""
 
   def _log(self, step: int, values: dict) -> None:
     self.run.log(values, step=step)
 
   def _log_table(self, step: int, columns: list[str], data: list[list]) -> None:
-    self.run.log({"rollouts": self.wandb.Table(columns=columns, data=data)}, step=step)
+    self.run.log({"rollouts": self.module.Table(columns=columns, data=data)}, step=step)
 
   def close(self) -> None:
     self.run.finish()
+
+
+class Wandb(_RunLog):
+  """A wandb run, `id=..., resume="allow"` (WANDB_MODE=offline: written under WANDB_DIR)."""
+
+  def __init__(self, name: str, project: str, params: dict, saved: dict):
+    import wandb  # pylint: disable=g-import-not-at-top
+    self.module = wandb
+    self.run = wandb.init(project=project, name=name, config=params, resume="allow",
+                          id=saved.get("id"))  # None: a new run, with an id of wandb's
+    self.ids = {"id": self.run.id}
 
 
 class Mlflow(_Run):
@@ -159,26 +164,17 @@ class Mlflow(_Run):
     self.client.set_terminated(self.run_id)
 
 
-class Trackio(_Run):
+class Trackio(_RunLog):
   """A trackio run; trackio resumes a run by its name, so a new one's name ends in a
   random suffix (another workdir of the same name is another run)."""
 
   def __init__(self, name: str, project: str, params: dict, saved: dict):
     import trackio  # pylint: disable=g-import-not-at-top
-    self.trackio = trackio
+    self.module = trackio
     self.run = trackio.init(project=project, name=saved.get("name") or
                             f"{name}-{uuid.uuid4().hex[:8]}", config=params, resume="allow",
                             embed=False)
     self.ids = {"name": self.run.name, "id": self.run.id}
-
-  def _log(self, step: int, values: dict) -> None:
-    self.run.log(values, step=step)
-
-  def _log_table(self, step: int, columns: list[str], data: list[list]) -> None:
-    self.run.log({"rollouts": self.trackio.Table(columns=columns, data=data)}, step=step)
-
-  def close(self) -> None:
-    self.run.finish()
 
 
 class RunBook:
