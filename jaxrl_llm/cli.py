@@ -36,16 +36,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A preset name (grpo, ppo:runlocal) or a config file (path[:arg]).",
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and exports.")
-_ADDRESS = flags.DEFINE_string("coordinator_address", "",
-                               "host:port of process 0 (several processes); or "
-                               "$JAX_COORDINATOR_ADDRESS.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
-                                      "Processes in the run; or $JAX_NUM_PROCESSES.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None,
-                                   "This process's index; or $JAX_PROCESS_ID.")
-_MULTIHOST = flags.DEFINE_bool("multihost", False,
-                               "Join a multi-process run that JAX detects itself (Cloud TPU "
-                               "pods, SLURM, Open MPI, Kubernetes).")
+_JOIN = command_line.process_flags()  # --coordinator_address, --num_processes, ...
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Check the config, the model directory and the "
                              "data, print the plan, and exit: nothing is loaded or written. A "
                              "recipe's mesh is checked against the TPU slice it names "
@@ -64,11 +55,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   # pylint: disable=g-import-not-at-top  (after flag parsing)
   from jaxrl_llm import config as config_lib
-  from jaxrl_llm import distributed, training
+  from jaxrl_llm import training
   from jaxrl_llm.training import guards
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-  distributed.initialize(_ADDRESS.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                         auto_detect=_MULTIHOST.value)
+  _JOIN()
   try:
     if _DRY_RUN.value:
       _dry_run(_CONFIG.value)

@@ -1,13 +1,35 @@
 """A command's `--config` flag: preset names, `--config.x.y=v` overrides, and one clear line
 with exit status 2 for anything wrong with them (absl's own parsing, a misspelt override,
-a config file that fails to load). Shared by `jaxrl-llm-train` (`jaxrl_llm.cli`) and
-`jaxrl-llm-compile` (`jaxrl_llm.aot.cli`).
+a config file that fails to load). Shared by `jaxrl-llm-train` (`jaxrl_llm.cli`),
+`jaxrl-llm-evaluate` (`jaxrl_llm.eval_cli`) and `jaxrl-llm-compile` (`jaxrl_llm.aot.cli`);
+the first two also join several processes (`process_flags`).
 """
 from __future__ import annotations
 
 import sys
 
 from absl import app, flags
+
+
+def process_flags():
+  """Defines the flags that join a run of several processes (`jax.distributed`) and returns
+  the function that joins this process with their values (`distributed.initialize`), to
+  call after flag parsing, before anything touches a device."""
+  address = flags.DEFINE_string("coordinator_address", "",
+                                "host:port of process 0 (several processes); or "
+                                "$JAX_COORDINATOR_ADDRESS.")
+  count = flags.DEFINE_integer("num_processes", None,
+                               "Processes in the run; or $JAX_NUM_PROCESSES.")
+  index = flags.DEFINE_integer("process_id", None, "This process's index; or $JAX_PROCESS_ID.")
+  multihost = flags.DEFINE_bool("multihost", False,
+                                "Join a multi-process run that JAX detects itself (Cloud TPU "
+                                "pods, SLURM, Open MPI, Kubernetes).")
+
+  def join() -> bool:
+    from jaxrl_llm import distributed  # pylint: disable=g-import-not-at-top
+    return distributed.initialize(address.value, count.value, index.value,
+                                  auto_detect=multihost.value)
+  return join
 
 
 def usage_error(message: str, flags_help: bool = True):

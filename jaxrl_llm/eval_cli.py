@@ -35,15 +35,7 @@ _SAMPLES = flags.DEFINE_integer("samples", None, "K samples per record (default:
 _SPLIT = flags.DEFINE_string("split", "eval", "The split of every source.")
 _OUTPUT = flags.DEFINE_string("output", None, "Where eval.jsonl and summary.json go (default: "
                               "WORKDIR/eval_STEP; required for a Hugging Face directory).")
-_ADDRESS = flags.DEFINE_string("coordinator_address", "",
-                               "host:port of process 0 (several processes); or "
-                               "$JAX_COORDINATOR_ADDRESS.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
-                                      "Processes in the run; or $JAX_NUM_PROCESSES.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None,
-                                   "This process's index; or $JAX_PROCESS_ID.")
-_MULTIHOST = flags.DEFINE_bool("multihost", False,
-                               "Join a multi-process run that JAX detects itself.")
+_JOIN = command_line.process_flags()  # --coordinator_address, --num_processes, ...
 _VERBOSE = flags.DEFINE_bool("verbose", False, "On an error, also print its traceback.")
 flags.mark_flags_as_required(["config", "model"])
 
@@ -53,11 +45,9 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   # pylint: disable=g-import-not-at-top  (after flag parsing)
   from jaxrl_llm import config as config_lib
-  from jaxrl_llm import distributed
   from jaxrl_llm.training import checkpoint_eval
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
-  distributed.initialize(_ADDRESS.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                         auto_detect=_MULTIHOST.value)
+  _JOIN()
   try:
     checkpoint_eval.evaluate(_CONFIG.value, _MODEL.value, _SAMPLES.value, _SPLIT.value,
                              _OUTPUT.value)
