@@ -228,8 +228,8 @@ def algo_config(sampling: ConfigDict) -> ConfigDict:
       # with a mask, or in bf16); with 'sampler', o = b and w = 1.
       "behaviour_mask": {"level": "off", "low": 0.5, "high": 2.0},  # off | token | sequence
       # MoE policies: off | rollout (R3: the old-log-prob pass and the update route every token
-      # to the experts the sampler chose, weighted by the live router; not with agent
-      # programs or partial rollouts)
+      # to the experts the sampler chose, weighted by the live router; not with partial
+      # rollouts)
       "routing_replay": "off",
       # Asynchronous rollouts: the rollouts of step s may come from the policy after update
       # s - max_async_level (sampled while the updates in between run); 0 = synchronous.
@@ -372,10 +372,10 @@ def eval_config() -> ConfigDict:
 def rollouts_config() -> ConfigDict:
   """How sampled rollouts are produced, beside `algo.max_async_level`."""
   return ConfigDict({
-      # Partial rollouts (needs algo.max_async_level >= 1, single-turn sources): one engine per
-      # process stays full across steps, a step's batch is the first prompts_per_step groups to
-      # finish, and a generation still decoding at a publish goes on under the new weights (its
-      # keys and values recomputed); every token keeps its version and log-prob, and a sample
+      # Partial rollouts (needs algo.max_async_level >= 1): engines stay full across steps, a
+      # step's batch is the first prompts_per_step groups to finish, and a generation still
+      # decoding at a publish goes on under the new weights (its keys and values recomputed;
+      # an episode's next turn); every token keeps its version and log-prob, and a sample
       # whose oldest token would exceed the staleness bound starts again.
       "partial": False,
   })

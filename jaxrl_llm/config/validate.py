@@ -296,7 +296,7 @@ def _check_routing_replay(config) -> None:
 
 
 def _check_partial(config) -> None:
-  """Partial rollouts stream single-turn samples through one engine per process."""
+  """Partial rollouts stream samples, or episodes, through engines kept busy across steps."""
   if not config.rollouts.partial:  # a bool field: ml_collections refuses other types
     return
   why = None
@@ -305,8 +305,12 @@ def _check_partial(config) -> None:
           "asynchronous pipeline)"
   elif config.data.completions != "sample":
     why = "False: the rollouts are the dataset's completions (data.completions='dataset')"
-  elif any(source.multi_turn for source in sources_lib.run_sources(config)):
-    why = "False: episodes are admitted turn by turn instead (multi-turn sources)"
+  elif any(source.env.get("agent") for source in sources_lib.run_sources(config)):
+    why = "False: an agent program's episodes do not span publishes yet (docs/agents.md)"
+  elif (any(source.multi_turn for source in sources_lib.run_sources(config))
+        and config.sampling.engine == "static"):
+    why = "False, or sampling.engine='continuous' or 'auto' (episodes span publishes on the " \
+          "serving engine, not the turn-synchronous player)"
   elif config.algo.dynamic_sampling.enabled:
     why = "False, or algo.dynamic_sampling.enabled=False (a step takes the first groups to finish)"
   elif config.algo.routing_replay != "off":

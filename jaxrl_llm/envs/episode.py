@@ -54,6 +54,8 @@ class Episode:
     parts: (role, messages, tokens) of each stretch in order: the prompt, a model turn,
       an environment reply, ...
     ended: one of ENDINGS, None while running.
+    turn_versions: the policy version that sampled each model turn, where the player
+      knows it (partial rollouts of episodes), else empty.
     routing: an MoE policy's experts int32 [fed tokens, MoE layers, k] of `tokens` in order
       (those fed to the model: all but the last model token; routing replay's record), or
       None.
@@ -68,6 +70,7 @@ class Episode:
   parts: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
   ended: str | None = None
   tools: list[dict] | None = None
+  turn_versions: list[int] = dataclasses.field(default_factory=list)
   routing: Any = None
 
   @classmethod
@@ -143,6 +146,7 @@ class Episode:
     `messages` is the whole conversation, the opening (system prompt, user) included;
     `tools` (only where the template rendered tool schemas) holds them, so that
     `apply_chat_template(messages, tools=tools)` gives the text of `tokens`.
+    `turn_versions` (partial rollouts only): the policy version of each model turn.
     `reward`/`reward_parts` hold the environment's turn rewards only ({'env': total});
     the trainer adds its reward functions' parts and total.
     """
@@ -162,6 +166,7 @@ class Episode:
         "tokens": list(self.tokens),
         "loss_mask": self.loss_mask(),
         "behaviour_logprobs": list(self.logprobs),
+        **({"turn_versions": list(self.turn_versions)} if self.turn_versions else {}),
     }
 
 

@@ -123,6 +123,8 @@ class Engine:
     self._columns: dict[int, int] = {}  # a running request's prompt columns
     self._wake = threading.Condition()
     self._closed = False
+    self._paused = False  # a publish waits for the running requests: admit none
+    self._starting = 0  # requests taken from the queue, not yet running
     self.stats = {"chunks": 0, "admitted": 0, "extended": 0, "completed": 0, "tokens": 0}
     self._thread = threading.Thread(target=self._loop, name="serving-engine", daemon=True)
     self._thread.start()
@@ -164,12 +166,20 @@ class Engine:
       self._wake.notify()
     return future
 
-  def publish(self, model: models.Model, version: int) -> None:
+  def publish(self, model: models.Model, version: int, after_running: bool = False) -> None:
     """The weights of every device call from now on: `model` (the policy's `version`).
     A completion reports the version it was admitted under; one still decoding at a
-    publish takes its later tokens from the new weights (publish between batches, as the
-    trainer does, for completions of one version)."""
+    publish takes its later tokens from the new weights, unless `after_running`: then no
+    request is admitted until those decoding have ended, and the call returns once the new
+    weights are in place, so every completion is sampled by one version (partial
+    episodes publish so, between turns)."""
     with self._wake:
+      if after_running:
+        self._paused = True
+        while (self._running or self._starting) and not self._closed:
+          self._wake.wait()
+        self._paused = False
+        self._wake.notify_all()
       self._model, self.version = model, version
       self._held.clear()
 
@@ -189,7 +199,7 @@ class Engine:
     """Stops the engine; requests still waiting or decoding fail (idempotent)."""
     with self._wake:
       self._closed = True
-      self._wake.notify()
+      self._wake.notify_all()
     self._thread.join()
     with self._wake:
       pending = [f for _, f in self._waiting] + [f for _, f, _ in self._running.values()]
@@ -205,22 +215,25 @@ class Engine:
     try:
       while True:
         with self._wake:
-          while not self._closed and not self._waiting and not self._running:
+          while not self._closed and (self._paused or not self._waiting) and not self._running:
             self._wake.wait()
           if self._closed:
             return
           model, version = self._model, self.version
-          admitted = self._take_waiting()
+          admitted = [] if self._paused else self._take_waiting()
+          self._starting = len(admitted)
         for slot, request, future in admitted:
           self._start(model, slot, request, future, version)
         with self._wake:
-          waiting = bool(self._waiting)
+          self._starting = 0
+          waiting = bool(self._waiting) and not self._paused
         self._state = self._chunk(model, self._state, jnp.asarray(waiting))
         self.stats["chunks"] += 1
         self._deliver()
     except Exception as e:  # pylint: disable=broad-except
       with self._wake:
         self._closed = True
+        self._wake.notify_all()
         pending = list(self._waiting) + [(r, f) for r, f, _ in self._running.values()]
         self._waiting.clear()
         self._running.clear()
@@ -309,6 +322,7 @@ class Engine:
       n = int(lengths[m])
       with self._wake:
         request, future, version = self._running.pop(m)
+        self._wake.notify_all()  # a publish may wait for the running requests
         if request.session is not None and n:  # its sequence stays for the session's next
           self._held[m] = (request.session, list(request.prompt) + tokens[m, :n].tolist(),
                            self._columns[m] + n - 1)

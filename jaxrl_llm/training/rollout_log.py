@@ -22,7 +22,8 @@ completion of its batch (every process's rows; process 0 writes):
 A multi-turn source's row (`training.rollouts.episodes`) is one episode: `messages` is the whole
 conversation, and it adds, per stretch of the episode in order (the opening, a model
 turn, an environment reply, ...), `turn_roles`, `turn_messages` (messages in it) and
-`turn_tokens`; `num_turns` and `turn_rewards` (the environment's reward per model turn);
+`turn_tokens`; `num_turns` and `turn_rewards` (the environment's reward per model turn;
+with partial rollouts `turn_versions`, the policy version that sampled each);
 `reward_parts` holds `env` (their sum) beside the reward functions'; `ended` is one of
 done, eos, max_new_tokens, max_turns, max_episode_tokens, env_error.
 

@@ -231,6 +231,29 @@ class EngineTest(parameterized.TestCase):
       self.assertEqual(completion.policy_version, 0)
       self.assert_static_row(self.want, r, completion, "(weights published back)")
 
+  def test_publish_after_running_keeps_each_completion_one_version(self):
+    # Requests decoding at the publish end under the weights they began with; the publish
+    # returns when they have, and a request submitted meanwhile runs the new weights.
+    engine = self.engine()
+    other = models.from_pretrained(_model_dir(seed=1))
+    want_other = _static(other, self.prompts)
+    requests = _requests(self.prompts)
+    try:
+      admitted = engine.stats["admitted"]
+      before = [engine.submit(r) for r in requests[:2]]
+      while engine.stats["admitted"] < admitted + 2:  # both decoding
+        time.sleep(0.001)
+      engine.publish(other, version=5, after_running=True)
+      self.assertTrue(all(f.done() for f in before))
+      after = engine.submit(requests[2]).result()
+    finally:
+      engine.publish(self.model, version=0)
+    for r, future in enumerate(before):
+      self.assertEqual(future.result().policy_version, 0)
+      self.assert_static_row(self.want, r, future.result(), "(begun before the publish)")
+    self.assertEqual(after.policy_version, 5)
+    self.assert_static_row(want_other, 2, after, "(after the publish)")
+
 
 class QueueTest(absltest.TestCase):
   """Engines of LAYOUT_A over the same model: their programs come from the compilation

@@ -9,6 +9,7 @@ rewards), the parts some runs add, each typed and None otherwise (`Mixed` source
 
   sampled     `SampledRollouts`: G completions per prompt, scored, DAPO's dynamic sampling;
   partial     `PartialRollouts`: the same, from generations that span weight publishes;
+  partial_episodes  `PartialEpisodeRollouts`: episodes whose turns span them;
   multi_turn  `EpisodeRollouts`: G episodes per prompt against each source's environment
               (`episodes` plays them), and `ConversationRollouts`: demonstrated ones (SFT);
   dataset     `DatasetRollouts`: each record's target completion (SFT).
@@ -29,6 +30,7 @@ from jaxrl_llm.training.rollouts.contract import (EpisodeParts, EpisodeStats, Hi
 from jaxrl_llm.training.rollouts.dataset import DatasetRollouts
 from jaxrl_llm.training.rollouts.multi_turn import ConversationRollouts, EpisodeRollouts
 from jaxrl_llm.training.rollouts.partial import PartialRollouts
+from jaxrl_llm.training.rollouts.partial_episodes import PartialEpisodeRollouts
 from jaxrl_llm.training.rollouts.sampled import SampledRollouts
 from jaxrl_llm.training.rollouts.train_batch import TrainBatch
 
@@ -38,6 +40,8 @@ def for_plan(plan: Plan, settings: sampling.SamplingSettings, prompt_format: dat
   """The rollout source the plan names: sampled by the policy (episodes where a source has
   an environment) or the dataset's completions (conversations where it has one)."""
   multi_turn = any(s.multi_turn for s in plan.sources)
+  if plan.completions == "sample" and multi_turn and plan.partial:
+    return PartialEpisodeRollouts(plan, settings, prompt_format, tokenizer, batches)
   if plan.completions == "sample" and multi_turn:
     return EpisodeRollouts(plan, settings, prompt_format, tokenizer, batches)
   if plan.completions == "sample" and plan.partial:
@@ -51,6 +55,6 @@ def for_plan(plan: Plan, settings: sampling.SamplingSettings, prompt_format: dat
 
 
 __all__ = ["ConversationRollouts", "DatasetRollouts", "EpisodeParts", "EpisodeRollouts",
-           "EpisodeStats", "Hinted", "Mixed", "PartialRollouts", "RewardStats", "Rollout", "RolloutSource",
+           "EpisodeStats", "Hinted", "Mixed", "PartialEpisodeRollouts", "PartialRollouts", "RewardStats", "Rollout", "RolloutSource",
            "RolloutStats", "SampledRollouts", "TrainBatch", "decode_completions", "for_plan",
            "prompt_aligned_routing"]

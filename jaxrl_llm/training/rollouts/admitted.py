@@ -27,7 +27,7 @@ import concurrent.futures
 import dataclasses
 import threading
 import uuid
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -38,6 +38,10 @@ from jaxrl_llm.envs import episode as episode_lib
 from jaxrl_llm.training.rollouts.episodes import EpisodePlayer
 
 CHUNK_STEPS = 8  # decode steps per engine call: a waiting turn joins within this many
+
+
+class Stale(Exception):
+  """An episode's earlier turns are older than the staleness bound now allows."""
 
 
 class AdmittedEpisodePlayer(EpisodePlayer):
@@ -55,8 +59,11 @@ class AdmittedEpisodePlayer(EpisodePlayer):
     self.context = -(-(T + Q) // Q) * Q
     self.engine, self.version = None, 0
 
-  def _serve(self, model: models.Model, rows: int) -> serving.Engine:
-    """The engine over `model` (a new version), with a slot for each of `rows` episodes."""
+  def serve(self, model: models.Model, rows: int, version: int | None = None,
+            after_running: bool = False) -> serving.Engine:
+    """The engine over `model` (version `version`, else the next of this player's count),
+    with a slot for each of `rows` episodes; `after_running`: published once the turns
+    decoding have ended (`serving.Engine.publish`)."""
     if self.engine is not None and self.engine.layout.slots < rows:
       self.engine.close()
       self.engine = None
@@ -65,8 +72,8 @@ class AdmittedEpisodePlayer(EpisodePlayer):
                               page_size=self.settings.page_size, chunk_steps=CHUNK_STEPS,
                               top_logprobs=0)
       self.engine = serving.Engine(model, self.settings, layout, max_waiting=max(1024, rows))
-    self.version += 1
-    self.engine.publish(model, self.version)
+    self.version = self.version + 1 if version is None else version
+    self.engine.publish(model, self.version, after_running)
     return self.engine
 
   def play(self, model: models.Model, records: Sequence[dict], indices: Sequence[int],
@@ -74,18 +81,20 @@ class AdmittedEpisodePlayer(EpisodePlayer):
     """One episode per record (repeat a record for G episodes), all ended. `model`: on one
     device (`episodes.local_model`); episode b draws from fold_in(key, b), or
     fold_in(key, rows[b]) (its row in a batch spanning processes)."""
-    engine = self._serve(model, len(records))
+    engine = self.serve(model, len(records))
     if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
       key = jax.random.key_data(key)
     keys = np.asarray(sampling.numbered_keys(key, range(len(records)) if rows is None else rows))
     jobs = [(engine, dict(r), f"{self.name}, record {int(i)}", keys[b])
             for b, (r, i) in enumerate(zip(records, indices))]
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as drivers:
-      return list(drivers.map(lambda job: self._play_one(*job), jobs))
+      return list(drivers.map(lambda job: self.play_one(*job), jobs))
 
-  def _play_one(self, engine: serving.Engine, record: dict, where: str, key: np.ndarray
-                ) -> episode_lib.Episode:
-    """One episode from reset to its end (`envs.EnvError` with on_env_error 'stop')."""
+  def play_one(self, engine: serving.Engine, record: dict, where: str, key: np.ndarray,
+               oldest: Callable[[], float] | None = None) -> episode_lib.Episode:
+    """One episode from reset to its end (`envs.EnvError` with on_env_error 'stop');
+    `oldest`: the oldest policy version its turns may come from now, checked before each
+    turn (`Stale` if an earlier turn's is older: partial rollouts restart it)."""
     T, N = self.fields["max_episode_tokens"], self.settings.max_new_tokens
     ep = self._each_one(self._reset, (record, where))
     if ep is None:
@@ -97,12 +106,15 @@ class AdmittedEpisodePlayer(EpisodePlayer):
     session = uuid.uuid4().hex
     try:
       for turn in range(1, self.fields["max_turns"] + 1):
+        if oldest is not None and ep.turn_versions and min(ep.turn_versions) < oldest():
+          raise Stale(f"{where}: turn 1 was sampled by version {min(ep.turn_versions)}")
         budget = min(N, T - len(ep.tokens))
         done = engine.submit(serving.Request(
             list(ep.tokens), budget, self.settings.temperature, self.settings.top_p,
             key=np.asarray(jax.random.fold_in(key, turn)), session=session)).result()
         ids = done.tokens
         ep.add_model_turn(ids, done.logprobs, self.renderer.decode_turn(ids))
+        ep.turn_versions.append(done.policy_version)
         ep.routing = done.routing  # the whole episode's so far: it kept its slot's sequence
         if ids[-1] != self.end_of_turn:
           ep.end("eos" if ids[-1] == self.eos else

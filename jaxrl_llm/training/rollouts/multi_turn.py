@@ -65,9 +65,16 @@ class EpisodeRollouts:
     """The rollout of `batch`: G episodes per record, scored and laid out for training (K
     rows each with an agent's `agent_samples` K: its trajectories, the missing ones empty,
     every row with its episode's reward)."""
-    G, K, P = self.G, self.K, len(batch.records)
-    sources = batch.sources if batch.sources is not None else np.zeros(P, np.int32)
+    sources = batch.sources if batch.sources is not None else np.zeros(len(batch.records),
+                                                                          np.int32)
     samples, tool_stats = self._play_sources(model, batch, sources, key)
+    return self.lay_out(batch, sources, samples, tool_stats)
+
+  def lay_out(self, batch: data.RecordBatch, sources: np.ndarray, samples: list,
+              tool_stats: dict[str, int]) -> Rollout:
+    """The rollout of `batch`'s played episodes: `samples`, each episode's trajectories
+    (prompt-major, G per record), scored and laid out for training."""
+    G, K, P = self.G, self.K, len(batch.records)
     episodes = [s[-1] for s in samples]
     rows = [ep for s in samples for ep in _padded(s, K)]
     arrays = episode_arrays(rows, G * K, self.width, self.buckets, self.pad, self.echo,

@@ -106,9 +106,10 @@ class PartialRollouts(SampledRollouts):
     versions = np.stack([_padded(f.versions, self.settings.max_new_tokens, -1)
                          for group in chosen for f in _samples(group)])
     rollout.policy_version = int(versions[versions >= 0].min())
-    rollout.metrics.update(self._version_metrics(step, versions, restarted))
+    rollout.metrics.update(version_metrics(step, versions, restarted, self.k,
+                                           len(self.engine.running) + len(self.engine.waiting)))
     snapshot = self._snapshot()  # now: the next step's publish changes the engine
-    rollout.in_flight = lambda: json.dumps(snapshot, default=_plain)  # if a checkpoint asks
+    rollout.in_flight = lambda: json.dumps(snapshot, default=plain)  # if a checkpoint asks
     return rollout
 
   def restore(self, in_flight: list[str]) -> None:
@@ -233,20 +234,22 @@ class PartialRollouts(SampledRollouts):
                                 truncated=np.asarray([not f.eos for f in samples]))
     return Block(batch, prompts, out)
 
-  def _version_metrics(self, step: int, versions: np.ndarray, restarted: int) -> dict:
-    """The mix of versions in the batch: the share of tokens sampled J updates before the
-    step (J = 0..k), of samples spanning a publish, and the samples restarted."""
-    sampled = versions >= 0
-    lag = step - versions[sampled]
-    spans = [len(set(row[row >= 0].tolist())) > 1 for row in versions]
-    row = {f"partial/tokens_lag_{j}": float(np.mean(lag == j)) for j in range(self.k + 1)}
-    row.update({"partial/spanning_frac": float(np.mean(spans)),
-                "partial/restarted": float(restarted),
-                "partial/in_flight": float(len(self.engine.running) + len(self.engine.waiting))})
-    return row
+
+def version_metrics(step: int, versions: np.ndarray, restarted: int, k: int,
+                    in_flight: int) -> dict:
+  """The mix of versions in a batch (`versions`: each sample's tokens', -1 past its end):
+  the share of tokens sampled J updates before the step (J = 0..k), of samples spanning a
+  publish, the samples restarted and those still in flight."""
+  sampled = versions >= 0
+  lag = step - versions[sampled]
+  spans = [len(set(row[row >= 0].tolist())) > 1 for row in versions]
+  row = {f"partial/tokens_lag_{j}": float(np.mean(lag == j)) for j in range(k + 1)}
+  row.update({"partial/spanning_frac": float(np.mean(spans)),
+              "partial/restarted": float(restarted), "partial/in_flight": float(in_flight)})
+  return row
 
 
-def _plain(x):
+def plain(x):
   """JSON for numpy values."""
   if isinstance(x, np.ndarray):
     return x.tolist()
