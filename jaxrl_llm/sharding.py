@@ -3,10 +3,10 @@
 Every array that lives on devices (policy, reference and value parameters, optimizer
 state, KV caches, batches) names its dimensions with the logical axes below. A table of
 rules (`config.mesh.rules`) maps each logical axis to zero, one or several mesh axes
-(`data`, `fsdp`, `expert`, `tensor`). A mesh axis shards an array's dimension only where it
-divides it, and at most once per array. A parameter dimension that the rules put on a
-mesh axis that does not divide it stays replicated over that axis, and the set-up says so
-once per parameter and axis (a warning naming both): the run is correct, but that
+(`data`, `fsdp`, `expert`, `context`, `tensor`). A mesh axis shards an array's dimension
+only where it divides it, and at most once per array. A parameter dimension that the rules
+put on a mesh axis that does not divide it stays replicated over that axis, and the set-up
+says so once per parameter and axis (a warning naming both): the run is correct, but that
 parameter's memory is not split as the rules ask (tiny test models with odd sizes).
 """
 from __future__ import annotations
@@ -36,13 +36,15 @@ LAYERS = "layers"
 EXPERT = "expert"  # the experts of an MoE layer (`models.moe`)
 LOGICAL_AXES = (BATCH, SEQ, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB, CACHE_SEQ, LAYERS, EXPERT)
 
-MESH_AXES = ("data", "fsdp", "expert", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
 # A mesh config may leave these out (size 1): configs and tests written before the axis.
-_OPTIONAL_MESH_AXES = ("expert",)
+_OPTIONAL_MESH_AXES = ("expert", "context")
 
 # Batch over data, fsdp and expert; parameters gathered over fsdp; experts over expert
-# (expert parallelism: outside the MoE layers the expert axis is one more data axis); heads,
-# MLP and vocab over tensor.
+# (expert parallelism: outside the MoE layers the expert axis is one more data axis); the
+# sequence of the activations over context (context parallelism: each device holds a slice
+# of every row's tokens, and the SPMD partitioner gathers a layer's keys and values for its
+# queries); heads, MLP and vocab over tensor.
 DEFAULT_RULES = (
     (BATCH, ("data", "fsdp", "expert")),
     (EMBED, "fsdp"),
@@ -51,7 +53,7 @@ DEFAULT_RULES = (
     (MLP, "tensor"),
     (VOCAB, "tensor"),
     (HEAD_DIM, None),
-    (SEQ, None),
+    (SEQ, "context"),
     (CACHE_SEQ, None),
     (LAYERS, None),
     (EXPERT, "expert"),
@@ -67,15 +69,15 @@ def freeze_rules(rules: Rules | None) -> tuple | None:
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Builds the (data, fsdp, expert, tensor) mesh from `config.mesh`.
+  """Builds the (data, fsdp, expert, context, tensor) mesh from `config.mesh`.
 
   Args:
     mesh_cfg: anything with integer attributes (or keys) `data`, `fsdp`, `tensor` and
-      optionally `expert` (absent: 1); one of them may be -1, meaning "all the devices the
-      others leave".
+      optionally `expert` and `context` (absent: 1); one of them may be -1, meaning "all the
+      devices the others leave".
     devices: defaults to all devices of all processes.
   Returns:
-    A `jax.sharding.Mesh` with axis names MESH_AXES ('data', 'fsdp', 'expert', 'tensor').
+    A `jax.sharding.Mesh` with axis names MESH_AXES.
   """
   devices = list(jax.devices() if devices is None else devices)
   get = mesh_cfg.get if isinstance(mesh_cfg, dict) else lambda k: getattr(mesh_cfg, k)
@@ -127,9 +129,9 @@ def split_meshes(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> tuple
   """(trainer mesh, rollout mesh) from `config.mesh`.
 
   `mesh_cfg.rollout_devices = n > 0` gives the sampler n devices of its own and builds the
-  trainer's mesh (`make_mesh`: data, fsdp, expert, tensor) over the rest; n = 0 gives one mesh over
-  every device and no rollout mesh. With one process the sampler's mesh is the first n
-  devices, tensor-parallel (data = fsdp = 1, tensor = n). With several, every process gives
+  trainer's mesh (`make_mesh`) over the rest; n = 0 gives one mesh over every device and no
+  rollout mesh. With one process the sampler's mesh is the first n devices, tensor-parallel
+  (tensor = n, every other axis 1). With several, every process gives
   the sampler its first n / process_count devices, and the sampler's mesh is data-parallel
   over the processes (data = process_count, tensor = n / process_count): each process's
   prompts are sampled, and their rows scored, on its own devices.
@@ -158,7 +160,8 @@ def split_meshes(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> tuple
                      f"gives the sampler {per} of its {min(len(o) for o in own)} devices, leaving "
                      "the trainer none there; expected fewer")
   sampler = [d for o in own for d in o[:per]]
-  rollout = Mesh(np.asarray(sampler).reshape(len(processes), 1, 1, per), MESH_AXES)
+  shape = (len(processes),) + (1,) * (len(MESH_AXES) - 2) + (per,)  # data, ..., tensor
+  rollout = Mesh(np.asarray(sampler).reshape(shape), MESH_AXES)
   return make_mesh(mesh_cfg, [d for d in devices if d not in sampler]), rollout
 
 
@@ -383,6 +386,15 @@ def put_process_rows(x, names: tuple, mesh: Mesh, rules: Rules) -> jax.Array:
   global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
   sharding = named_sharding(names, global_shape, mesh, rules)
   return jax.make_array_from_process_local_data(sharding, x, global_shape)
+
+
+def seq_shards(mesh: Mesh | None, rules: Rules | None) -> int:
+  """How many pieces the 'seq' rule cuts an activation's sequence into on `mesh` (1 without
+  one): a sequence of a multiple of it is split over every one of those devices
+  (context parallelism), any other length stays whole on each (`logical_to_spec`)."""
+  if mesh is None or rules is None:
+    return 1
+  return math.prod(mesh.shape[a] for a in _rules_table(rules).get(SEQ, ()))
 
 
 def rows_sharding(rows: int, mesh: Mesh, rules: Rules) -> NamedSharding:

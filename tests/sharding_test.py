@@ -23,11 +23,11 @@ class MeshTest(absltest.TestCase):
 
   def test_shape_and_rest_axis(self):
     mesh = sh.make_mesh(MESH_222)
-    self.assertEqual(dict(mesh.shape), dict(MESH_222, expert=1))  # expert: absent, so 1
+    self.assertEqual(dict(mesh.shape), dict(MESH_222, expert=1, context=1))  # absent: 1
     self.assertEqual(dict(sh.make_mesh(dict(data=-1, fsdp=1, tensor=2)).shape),
-                     dict(data=4, fsdp=1, expert=1, tensor=2))
+                     dict(data=4, fsdp=1, expert=1, context=1, tensor=2))
     self.assertEqual(dict(sh.make_mesh(dict(data=2, fsdp=1, expert=-1, tensor=1)).shape),
-                     dict(data=2, fsdp=1, expert=4, tensor=1))
+                     dict(data=2, fsdp=1, expert=4, context=1, tensor=1))
 
   def test_bad_mesh_shapes(self):
     with self.assertRaisesRegex(ValueError, r"needs 12 devices; there are 8"):
@@ -45,8 +45,10 @@ class MeshTest(absltest.TestCase):
     self.assertEqual((trainer.size, rollout), (8, None))
     cfg["rollout_devices"] = 2
     trainer, rollout = sh.split_meshes(type("Cfg", (), cfg))
-    self.assertEqual(dict(trainer.shape), {"data": 6, "fsdp": 1, "expert": 1, "tensor": 1})
-    self.assertEqual(dict(rollout.shape), {"data": 1, "fsdp": 1, "expert": 1, "tensor": 2})
+    self.assertEqual(dict(trainer.shape), {"data": 6, "fsdp": 1, "expert": 1, "context": 1,
+                                           "tensor": 1})
+    self.assertEqual(dict(rollout.shape), {"data": 1, "fsdp": 1, "expert": 1, "context": 1,
+                                           "tensor": 2})
     self.assertEqual(list(rollout.devices.flat), jax.devices()[:2])
     self.assertEqual(set(trainer.devices.flat), set(jax.devices()[2:]))
     cfg["rollout_devices"] = 8

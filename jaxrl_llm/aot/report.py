@@ -48,8 +48,8 @@ def text(result: analysis.StepReport, config, where: str) -> str:
   lines = [f"{result.topology}: {where}; per chip {_gib(chip.hbm_bytes)} GiB HBM (XLA:TPU's "
            f"limit), {chip.peak_flops / 1e12:.0f} TFLOP/s bf16, {chip.hbm_bandwidth / 1e9:.0f} "
            f"GB/s ({chip.source})",
-           f"mesh: data {mesh.data}, fsdp {mesh.fsdp}, expert {mesh.expert}, tensor "
-           f"{mesh.tensor}" + (f"; the sampler on {mesh.rollout_devices} chips of its own"
+           f"mesh: data {mesh.data}, fsdp {mesh.fsdp}, expert {mesh.expert}, context "
+           f"{mesh.context}, tensor {mesh.tensor}" + (f"; the sampler on {mesh.rollout_devices} chips of its own"
                                if mesh.rollout_devices else "")
            + f"; micro-batch {config.train.micro_batch_size}, remat {config.model.remat}", "",
            "| per chip | arguments GiB | outputs GiB | temporaries GiB | resident beside GiB | "

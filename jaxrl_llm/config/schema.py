@@ -109,9 +109,9 @@ def mesh_config() -> ConfigDict:
       "data": -1,  # -1: all devices the other axes leave
       "fsdp": 1,
       "expert": 1,  # expert parallelism: an MoE layer's experts split over this many devices
+      "context": 1,  # context parallelism: the update's sequences split over this many devices
       "tensor": 1,
-      # > 0: the sampler gets the first n devices (its own mesh, tensor-parallel) and data/fsdp/
-      # tensor above describe the trainer's mesh over the rest; 0: both share every device.
+      # n > 0: the sampler's own n devices (tensor-parallel), the mesh above the rest; 0: shared
       "rollout_devices": 0,
       # The TPU slice a recipe is sized for, e.g. 'v5p:2x2x4' ('' = none), and how many such
       # slices (multislice: over the data-center network, the data axis spans them). Read by
@@ -126,7 +126,7 @@ def mesh_config() -> ConfigDict:
           ("mlp", "tensor"),
           ("vocab", "tensor"),
           ("head_dim", None),
-          ("seq", None),
+          ("seq", "context"),
           ("cache_seq", None),
           ("layers", None),
           ("expert", "expert"),

@@ -51,6 +51,7 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_checkpoint(config.checkpoint)
     logging_checks.check_logging(config.logging)
     _check_batch_shards(config, devices)
+    _check_context(config.mesh)
     _check_model(config.model)
     _check_lora(config)
     _check_sources(config)
@@ -196,6 +197,16 @@ def _check_batch_shards(config, devices) -> None:
         "do not split over the %d batch shards of the mesh (%s): each minibatch is split over "
         "fewer devices (replicated on the others); minibatches of a multiple of %d rows use "
         "every device", minibatches, P * G, P * G // minibatches, shards, sizes, shards)
+
+
+def _check_context(mesh_cfg) -> None:
+  """Context parallelism needs the 'seq' rule to name the context axis: otherwise its
+  devices would each repeat the others' whole sequences."""
+  rule = dict(mesh_cfg.rules).get(sh.SEQ) or ()
+  if mesh_cfg.context != 1 and "context" not in ((rule,) if isinstance(rule, str) else rule):
+    raise ConfigError(f"config.mesh.context={mesh_cfg.context} splits the sequence, but "
+                      f"config.mesh.rules maps 'seq' to {rule or None!r}: expected 'context' "
+                      "among its mesh axes, e.g. ('seq', 'context'), or context=1")
 
 
 def _check_model(model_cfg) -> None:

@@ -41,7 +41,8 @@ class TpuRecipesTest(parameterized.TestCase):
     config = report.for_compiling(config_lib.preset("qwen3_8b_gsm8k:tpu_v5p_32x2"))
     devices = chips.topology_devices(config.mesh.topology, config.mesh.num_slices)
     mesh = sh.make_mesh(config.mesh, devices)
-    self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 16, "expert": 1, "tensor": 1})
+    self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 16, "expert": 1, "context": 1,
+                                          "tensor": 1})
     for i, row in enumerate(mesh.devices):
       self.assertEqual({d.slice_index for d in row.flat}, {i})  # fsdp stays within a slice
 

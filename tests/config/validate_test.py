@@ -80,9 +80,9 @@ class ValidateTest(parameterized.TestCase):
   def test_the_mesh_against_the_devices_given(self):
     config = smoke.get_config()
     config.mesh.update(data=-1, fsdp=16)
-    self.assert_refused(config, "config.mesh (data=-1, fsdp=16, expert=1, tensor=1): the other "
-                        "axes (16 devices) do not divide the 8 devices; expected sizes whose "
-                        "product divides 8")
+    self.assert_refused(config, "config.mesh (data=-1, fsdp=16, expert=1, context=1, tensor=1): "
+                        "the other axes (16 devices) do not divide the 8 devices; expected "
+                        "sizes whose product divides 8")
     config.train.prompts_per_step = 4  # 16 rows
     config_lib.validate(config, devices=chips.slice_chips("v5p:2x2x4"))  # a v5p-32's 16 chips
     config.train.prompts_per_step = 1  # 4 rows over 16 batch shards

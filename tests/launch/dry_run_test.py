@@ -54,9 +54,9 @@ class DryRunTest(parameterized.TestCase):
   def test_a_mesh_that_does_not_fit_the_slice_is_refused(self):
     run = self.recipe("qwen3_8b_gsm8k", "--config.mesh.fsdp=5")
     self.assertEqual(run.returncode, 2, run.stderr)
-    self.assertEqual(run.stderr.strip(), "config.mesh (data=-1, fsdp=5, expert=1, tensor=1): "
-                     "the other axes (5 devices) do not divide the 16 devices; expected sizes "
-                     "whose product divides 16")
+    self.assertEqual(run.stderr.strip(), "config.mesh (data=-1, fsdp=5, expert=1, context=1, "
+                     "tensor=1): the other axes (5 devices) do not divide the 16 devices; "
+                     "expected sizes whose product divides 16")
 
   def test_a_bad_topology_is_one_line(self):
     run = self.recipe("qwen3_8b_gsm8k", "--config.mesh.topology=v5p-32")

@@ -49,7 +49,7 @@ class ExpertParallelTest(parameterized.TestCase):
   def test_expert_4_by_data_2_equals_one_device(self):
     one = models.init(CFG, jax.random.key(0))
     mesh = sh.make_mesh(dict(data=2, fsdp=1, expert=4, tensor=1))
-    self.assertEqual(dict(mesh.shape), dict(data=2, fsdp=1, expert=4, tensor=1))
+    self.assertEqual(dict(mesh.shape), dict(data=2, fsdp=1, expert=4, context=1, tensor=1))
     placed = models.place(one, mesh)
     experts = placed.params["layers_1"]["mlp"]["gate_up_proj"]
     self.assertEqual(experts.sharding.spec, P(None, "expert", None, None, None))

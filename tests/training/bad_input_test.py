@@ -128,8 +128,8 @@ class ConfigKeysTest(CatalogTest):
        "config.model.path='/no/such/model': model path '/no/such/model' does not exist or is "
        "not a directory (expected a "),
       ("mesh_does_not_fit", ["--config.mesh.data=3"],
-       "config.mesh (data=3, fsdp=1, expert=1, tensor=1) needs 3 devices; there are 8: expected "
-       "sizes whose product is 8 (or one axis -1 for the rest)"),
+       "config.mesh (data=3, fsdp=1, expert=1, context=1, tensor=1) needs 3 devices; there are "
+       "8: expected sizes whose product is 8 (or one axis -1 for the rest)"),
       ("log_every_zero", ["--config.train.log_every=0"],
        "config.train.log_every=0: expected a positive integer"),
       ("checkpoint_keep_zero", ["--config.checkpoint.keep=0"],
@@ -289,11 +289,11 @@ class ValuesTest(CatalogTest):
 
   @parameterized.named_parameters(
       ("product_is_not_the_device_count", dict(data=3, fsdp=1, tensor=1),
-       "config.mesh (data=3, fsdp=1, expert=1, tensor=1) needs 3 devices; there are 8: expected "
-       "sizes whose product is 8"),
+       "config.mesh (data=3, fsdp=1, expert=1, context=1, tensor=1) needs 3 devices; there are "
+       "8: expected sizes whose product is 8"),
       ("rest_axis_does_not_divide", dict(data=-1, fsdp=3, tensor=1),
-       "config.mesh (data=-1, fsdp=3, expert=1, tensor=1): the other axes (3 devices) do not divide the 8 "
-       "devices"),
+       "config.mesh (data=-1, fsdp=3, expert=1, context=1, tensor=1): the other axes (3 "
+       "devices) do not divide the 8 devices"),
   )
   def test_mesh_shape(self, shape, message):
     self.assertEqual(jax.device_count(), 8)
