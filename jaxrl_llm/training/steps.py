@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_llm import models, objectives
+from jaxrl_llm import sharding as sh
 from jaxrl_llm.models import lora, moe
 from jaxrl_llm.training.rollouts.train_batch import TrainBatch
 from jaxrl_llm.training.state import TrainState
@@ -41,14 +42,24 @@ def _completion_hidden(model: models.Model, batch, replay: bool = False, dropout
   """Final hidden states at the positions that predict each completion token: [B, N, D],
   and an MoE model's routing (`transformer.routing_summary`; None for a dense one).
   `replay`: route as `batch.routing` recorded (routing replay). `dropout_rng`: the key
-  of the LoRA adapters' dropout (None: none)."""
-  S0, _ = completion_split(batch)
-  mask = batch.attention_mask
+  of the LoRA adapters' dropout (None: none).
+
+  With context parallelism the sequence is padded at its end to a multiple of the pieces
+  the 'seq' rule cuts it into (`sh.seq_shards`), so that any length is split over the
+  context devices: masked tokens after every real one, which causal attention never lets
+  a real token see; their states and routing are dropped."""
+  S0, T = completion_split(batch)[0], batch.tokens.shape[1]
+  pad = -T % sh.seq_shards(model.mesh, model.rules)
+  at_end = lambda x, fill=0: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2),
+                                     constant_values=fill)
+  tokens, mask = at_end(batch.tokens), at_end(batch.attention_mask)
   hidden_BLD, _, routing = models.forward(
-      model, batch.tokens, models.positions_from_mask(mask), mask, return_hidden=True,
-      routing_BTLk=batch.routing if replay else None, with_router=True,
+      model, tokens, models.positions_from_mask(mask), mask, return_hidden=True,
+      routing_BTLk=at_end(batch.routing, -1) if replay else None, with_router=True,
       dropout_rng=dropout_rng)
-  return hidden_BLD[:, S0 - 1:-1], routing
+  if routing is not None:
+    routing = dict(routing, experts=routing["experts"][:, :T])
+  return hidden_BLD[:, S0 - 1:T - 1], routing
 
 
 def completion_logp(model: models.Model, batch, *, temperature: float, chunk_size: int,
