@@ -129,7 +129,7 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertEqual(setup.models.mesh.size, 16)
     self.assertTrue(hosts.all_fit)
     slices, setup = analyse(config, "v5e:2x4", num_slices=2)  # 2 slices of 8 chips
-    data = setup.models.mesh.devices  # [data, fsdp, expert, tensor]
+    data = setup.models.mesh.devices  # [data, fsdp, expert, context, tensor]
     self.assertEqual({d.slice_index for d in data[: data.shape[0] // 2].flat}, {0})
     self.assertEqual({d.slice_index for d in data[data.shape[0] // 2:].flat}, {1})
     self.assertTrue(slices.all_fit)
