@@ -49,8 +49,9 @@ def text(result: analysis.StepReport, config, where: str) -> str:
            f"limit), {chip.peak_flops / 1e12:.0f} TFLOP/s bf16, {chip.hbm_bandwidth / 1e9:.0f} "
            f"GB/s ({chip.source})",
            f"mesh: data {mesh.data}, fsdp {mesh.fsdp}, expert {mesh.expert}, context "
-           f"{mesh.context}, tensor {mesh.tensor}" + (f"; the sampler on {mesh.rollout_devices} chips of its own"
-                               if mesh.rollout_devices else "")
+           f"{mesh.context}, tensor {mesh.tensor}"
+           + (f"; the sampler on {mesh.rollout_devices} chips of its own"
+              if mesh.rollout_devices else "")
            + f"; micro-batch {config.train.micro_batch_size}, remat {config.model.remat}", "",
            "| per chip | arguments GiB | outputs GiB | temporaries GiB | resident beside GiB | "
            "peak GiB | of HBM | TFLOP | GB of HBM traffic | roofline s |",
@@ -90,7 +91,8 @@ def _advice(p: analysis.ProgramReport, config) -> str:
             f"or log-prob chunks (config.train.logprob_chunk_size={t.logprob_chunk_size})")
   else:
     tips = (f"a smaller micro-batch (config.train.micro_batch_size={t.micro_batch_size}: the "
-            f"temporaries scale with it), model.remat='full' (now {config.model.remat!r}), or "
+            f"temporaries scale with it), model.remat='full' (now {config.model.remat!r}), "
+            f"the sequence split over more devices (config.mesh.context={mesh.context}), or "
             f"more sharding of the weights (config.mesh.fsdp={mesh.fsdp}, expert={mesh.expert}, "
             f"tensor={mesh.tensor})")
   if resident > p.temp_bytes:
