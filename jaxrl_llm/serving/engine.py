@@ -9,20 +9,27 @@ engine.close()
 ```
 
 One thread owns the device state (`slots.SlotState`). It loops: every free slot takes the
-next waiting request (its prompt prefilled, `slots.admit`), then one device call decodes up
-to `chunk_steps` tokens of every live slot (`slots.decode_chunk`, which returns early when
-a request ends and others wait), then the ended requests' tokens are read back and their
-futures completed. A request therefore joins the running batch at the next chunk boundary,
-never waiting for a batch to fill or to drain; the host reads the device once per chunk,
-not once per token.
+next waiting request, the prompts taken are prefilled (`slots.admit`), then one device call
+decodes up to `chunk_steps` tokens of every live slot (`slots.decode_chunk`, which returns
+early when a request ends and others wait), then the ended requests' tokens are read back
+and their futures completed. A request therefore joins the running batch at the next chunk
+boundary, never waiting for a batch to fill or to drain; the host reads the device once
+per chunk, not once per token.
+
+Prefill budget. With `Layout.prefill_chunk` columns (0: no limit), an engine step prefills
+at most that many columns (one call at least), the slots taking requests served oldest
+first: a longer prompt (or a continuation's new tokens) goes in pieces, one a step
+(`slots.prefill_piece`, then `slots.prefill_last`), while the other slots go on decoding;
+its slot decodes once its first token is chosen, with the key, positions and log-probs of
+a whole prefill.
 
 Every program has fixed shapes: one decode chunk, one admission per prompt bucket (whole
-pages, powers of two), so nothing compiles after the buckets have been seen.
+pages, powers of two), one piece, so nothing compiles after the buckets have been seen.
 
 Sessions. A request of a `session` leaves its slot holding its sequence when it ends (the
 slot is free for others, the oldest held one taken first). The session's next request
 whose prompt starts with that sequence (prompt and completion) continues it in the same
-slot: only its new tokens are prefilled, after the kept keys and values (`slots.extend`),
+slot: only its new tokens are prefilled, after the kept keys and values (`slots.prefill_last`),
 as the turns of an episode are (`sampling.TurnSampler`). Any other request of the session
 is admitted afresh. Publishing weights forgets every held sequence.
 """
@@ -90,6 +97,32 @@ def prompt_columns(length: int, budget: int, layout: Layout) -> int:
   return (bucket if bucket * Q + budget <= layout.context else pages) * Q
 
 
+@dataclasses.dataclass
+class _Prefill:
+  """A request taken into a slot whose first token is not yet chosen: `tokens`, `mask`
+  [1, C] (its left-padded prompt, or a continuation's new tokens) go to the slot's columns
+  from `column` on, the first real one at `position` (`fresh`: nothing before it is kept);
+  the first `fed` columns are in. `take`: the device arguments of its first token."""
+  request: Request
+  future: concurrent.futures.Future
+  tokens: np.ndarray
+  mask: np.ndarray
+  column: int
+  position: int
+  fresh: bool
+  take: tuple
+  fed: int = 0
+
+  def piece(self, size: int) -> tuple[int, int]:
+    """The columns of `tokens` the next call prefills: all of them if `size` is 0 or they
+    fit, else `size` from `fed` on, the last piece ending at the last column."""
+    C = self.tokens.shape[1]
+    if not size or C <= size:
+      return 0, C
+    start = min(self.fed, C - size)
+    return start, start + size
+
+
 class Engine:
   """Continuous batching for requests that arrive at any time; see the module docstring.
 
@@ -97,7 +130,8 @@ class Engine:
     model: the policy, on one device (no mesh).
     settings: its `SamplingSettings` (the decode loop's layout, `eos_ids`, `pad_id`; the
       per-request fields `temperature`, `top_p` and the budget come with each request).
-    layout: slots, context, page size, chunk steps, top log-probs (`slots.Layout`).
+    layout: slots, context, page size, chunk steps, top log-probs, prefill budget
+      (`slots.Layout`).
     max_waiting: requests that may wait for a slot; one more raises `QueueFull`.
     version: the policy version of `model`.
   """
@@ -110,8 +144,10 @@ class Engine:
     self._model, self.version = model, version
     self._admit = jax.jit(lambda m, st, *a: slots.admit(m, st, *a, layout, settings),
                           donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
-    self._extend = jax.jit(lambda m, st, *a: slots.extend(m, st, *a, layout, settings),
-                           donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
+    self._piece = jax.jit(lambda m, st, *a: slots.prefill_piece(m, st, *a, layout, settings),
+                          donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
+    self._last = jax.jit(lambda m, st, *a: slots.prefill_last(m, st, *a, layout, settings),
+                         donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
     self._chunk = jax.jit(lambda m, st, stop: slots.decode_chunk(m, st, stop, layout, settings),
                           donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
     self._state = slots.init_state(model, layout, settings)
@@ -121,11 +157,13 @@ class Engine:
     # next free column), oldest first.
     self._held: dict[int, tuple[str, list[int], int]] = {}
     self._columns: dict[int, int] = {}  # a running request's prompt columns
+    self._prefilling: dict[int, _Prefill] = {}  # slots taking a request, oldest first
     self._wake = threading.Condition()
     self._closed = False
     self._paused = False  # a publish waits for the running requests: admit none
-    self._starting = 0  # requests taken from the queue, not yet running
-    self.stats = {"chunks": 0, "admitted": 0, "extended": 0, "completed": 0, "tokens": 0}
+    # pieces: prefill calls that chose no token (a long prompt's but its last)
+    self.stats = {"chunks": 0, "admitted": 0, "extended": 0, "pieces": 0, "completed": 0,
+                  "tokens": 0}
     self._thread = threading.Thread(target=self._loop, name="serving-engine", daemon=True)
     self._thread.start()
 
@@ -168,15 +206,16 @@ class Engine:
 
   def publish(self, model: models.Model, version: int, after_running: bool = False) -> None:
     """The weights of every device call from now on: `model` (the policy's `version`).
-    A completion reports the version it was admitted under; one still decoding at a
-    publish takes its later tokens from the new weights, unless `after_running`: then no
-    request is admitted until those decoding have ended, and the call returns once the new
+    A completion reports the version that chose its first token; one still decoding (or
+    still being prefilled) at a publish takes its later tokens (pieces) from the new
+    weights, unless `after_running`: then no request is admitted until those decoding or
+    being prefilled have ended, and the call returns once the new
     weights are in place, so every completion is sampled by one version (partial
     episodes publish so, between turns)."""
     with self._wake:
       if after_running:
         self._paused = True
-        while (self._running or self._starting) and not self._closed:
+        while (self._running or self._prefilling) and not self._closed:
           self._wake.wait()
         self._paused = False
         self._wake.notify_all()
@@ -193,7 +232,7 @@ class Engine:
   def busy(self) -> int:
     """Requests waiting or decoding."""
     with self._wake:
-      return len(self._waiting) + len(self._running)
+      return len(self._waiting) + len(self._prefilling) + len(self._running)
 
   def close(self) -> None:
     """Stops the engine; requests still waiting or decoding fail (idempotent)."""
@@ -202,8 +241,10 @@ class Engine:
       self._wake.notify_all()
     self._thread.join()
     with self._wake:
-      pending = [f for _, f in self._waiting] + [f for _, f, _ in self._running.values()]
+      pending = ([f for _, f in self._waiting] + [p.future for p in self._prefilling.values()]
+                 + [f for _, f, _ in self._running.values()])
       self._waiting.clear()
+      self._prefilling.clear()
       self._running.clear()
     for future in pending:
       if not future.done():
@@ -215,17 +256,16 @@ class Engine:
     try:
       while True:
         with self._wake:
-          while not self._closed and (self._paused or not self._waiting) and not self._running:
+          while (not self._closed and (self._paused or not self._waiting) and not self._running
+                 and not self._prefilling):
             self._wake.wait()
           if self._closed:
             return
           model, version = self._model, self.version
-          admitted = [] if self._paused else self._take_waiting()
-          self._starting = len(admitted)
-        for slot, request, future in admitted:
-          self._start(model, slot, request, future, version)
+          for slot, request, future in [] if self._paused else self._take_waiting():
+            self._prefilling[slot] = self._plan(slot, request, future)
+        self._prefill(model, version)
         with self._wake:
-          self._starting = 0
           waiting = bool(self._waiting) and not self._paused
         self._state = self._chunk(model, self._state, jnp.asarray(waiting))
         self.stats["chunks"] += 1
@@ -234,8 +274,10 @@ class Engine:
       with self._wake:
         self._closed = True
         self._wake.notify_all()
-        pending = list(self._waiting) + [(r, f) for r, f, _ in self._running.values()]
+        pending = (list(self._waiting) + [(p.request, p.future) for p in self._prefilling.values()]
+                   + [(r, f) for r, f, _ in self._running.values()])
         self._waiting.clear()
+        self._prefilling.clear()
         self._running.clear()
       for _, future in pending:
         if not future.done():
@@ -247,7 +289,7 @@ class Engine:
     taken = []
     while self._waiting:
       free = [m for m in range(self.layout.slots) if m not in self._running
-              and m not in (t[0] for t in taken)]
+              and m not in self._prefilling and m not in (t[0] for t in taken)]
       if not free:
         break
       request, future = self._waiting.popleft()
@@ -281,27 +323,56 @@ class Engine:
       return None
     return new, width, column
 
-  def _start(self, model, slot: int, request: Request, future, version: int) -> None:
-    sampling_args = (jnp.float32(request.temperature), jnp.float32(request.top_p),
-                     jnp.asarray(request.top_logprobs > 0), jnp.int32(request.max_tokens))
-    with self._wake:
-      found = self._continuation(slot, request)
+
+  def _plan(self, slot: int, request: Request, future) -> _Prefill:
+    """`request`'s prefill into `slot`: its new tokens after the sequence the slot holds if
+    it continues it, else its whole prompt (the caller holds the lock)."""
+    take = (self._key(request), jnp.float32(request.temperature), jnp.float32(request.top_p),
+            jnp.asarray(request.top_logprobs > 0), jnp.int32(request.max_tokens))
+    found = self._continuation(slot, request)
     if found is not None:
       new, width, column = found
       tokens, mask = left_pad([new], width, self.settings.pad_id)
-      self._state = self._extend(model, self._state, jnp.int32(slot), tokens, mask,
-                                 self._key(request), *sampling_args)
-      self.stats["extended"] += 1
-      columns = column + width
-    else:
-      columns = prompt_columns(len(request.prompt), request.max_tokens, self.layout)
-      tokens, mask = left_pad([request.prompt], columns, self.settings.pad_id)
-      self._state = self._admit(model, self._state, jnp.int32(slot), tokens, mask,
-                                self._key(request), *sampling_args)
+      # The held sequence's last token (the first of `new`) is at position len(sequence) - 1.
+      return _Prefill(request, future, np.asarray(tokens), np.asarray(mask), column,
+                      len(request.prompt) - len(new), False, take)
+    columns = prompt_columns(len(request.prompt), request.max_tokens, self.layout)
+    tokens, mask = left_pad([request.prompt], columns, self.settings.pad_id)
+    return _Prefill(request, future, np.asarray(tokens), np.asarray(mask), 0, 0, True, take)
+
+  def _prefill(self, model, version: int) -> None:
+    """One engine step's prefill calls: the slots taking requests, oldest first, one call
+    each, within `Layout.prefill_chunk` columns (one call at least). A slot whose first
+    token is chosen joins the running ones."""
+    budget, spent = self.layout.prefill_chunk, 0
+    for slot, fill in list(self._prefilling.items()):
+      start, end = fill.piece(budget)
+      if spent and budget and spent + end - start > budget:
+        break
+      spent += end - start
+      self._state = self._prefill_call(model, slot, fill, start, end)
+      fill.fed = end
+      if end == fill.tokens.shape[1]:
+        with self._wake:
+          del self._prefilling[slot]
+          self._running[slot] = (fill.request, fill.future, version)
+          self._columns[slot] = fill.column + end
+
+  def _prefill_call(self, model, slot: int, fill: _Prefill, start: int, end: int):
+    """The device call prefilling columns [start, end) of `fill` into `slot`: a whole new
+    prompt by `slots.admit`, else a piece; the last one chooses the first token."""
+    last, fresh = end == fill.tokens.shape[1], fill.fresh and start == 0
+    tokens, mask = fill.tokens[:, start:end], fill.mask[:, start:end]
+    if last and fresh:
       self.stats["admitted"] += 1
-    with self._wake:
-      self._running[slot] = (request, future, version)
-      self._columns[slot] = columns
+      return self._admit(model, self._state, jnp.int32(slot), tokens, mask, *fill.take)
+    where = (jnp.int32(slot), tokens, mask, jnp.int32(fill.column + start),
+             jnp.int32(fill.position + int(fill.mask[0, :start].sum())), jnp.asarray(fresh))
+    if not last:
+      self.stats["pieces"] += 1
+      return self._piece(model, self._state, *where)
+    self.stats["admitted" if fill.fresh else "extended"] += 1
+    return self._last(model, self._state, *where, fill.take)
 
   def _deliver(self) -> None:
     """Completes the futures of the requests that ended."""

@@ -73,7 +73,9 @@ class PartialEngine:
   Args:
     model: the policy on one device (no mesh), version `version`.
     settings: its `SamplingSettings` (temperature, top-p, EOS and pad ids).
-    layout: slots, context, page size and chunk steps (`slots.Layout`).
+    layout: slots, context, page size and chunk steps (`slots.Layout`); its
+      `prefill_chunk` is not read: prompts and refills are prefilled whole, each in one
+      call before the chunk that follows.
   """
 
   def __init__(self, model: models.Model, settings: SamplingSettings, layout: Layout,

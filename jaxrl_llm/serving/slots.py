@@ -10,6 +10,16 @@ position, as in the continuous engine (`sampling.continuous`): attention reads t
 pages of every slot's table, as many as the longest live sequence of its group needs, and
 a step runs the smallest of `continuous.batch_sizes` that holds the live slots.
 
+Pieces. A prompt longer than `Layout.prefill_chunk` columns is prefilled in pieces of that
+many (`prefill_piece`, then `prefill_last`), each reading the keys and values of the ones
+before from the slot's pages, the slot idle (not live) until the last has chosen its first
+token. The pieces start every `prefill_chunk` columns, the last one ending at the prompt's
+last column (overlapping the one before when the prompt's columns are not a multiple of the
+piece: those columns are computed again, to the same keys and values), so every piece has
+one shape and the logits come from its last column. A piece reads the slot's whole context
+(one program for every prompt), where `admit` reads only the prompt: whole prompts that fit
+one piece go through `admit`.
+
 Tokens. A request draws its token of column t from `choose.token_keys(key, t)` with its
 own temperature and top-p (`choose.choose_rows`): what it samples depends on its key, its
 prompt and the weights, not on its slot, its neighbours or when it was admitted; with the
@@ -34,12 +44,16 @@ from jaxrl_llm.sampling.settings import SamplingSettings
 class Layout:
   """The engine's static shapes: `slots` M, `context` tokens per slot (prompt and
   completion; a multiple of `page_size`), `chunk_steps` decode steps per device call at
-  most, `top_logprobs` the most alternatives per token a request may ask for."""
+  most, `top_logprobs` the most alternatives per token a request may ask for,
+  `prefill_chunk` the most prompt columns prefilled per engine step (0: a whole prompt at
+  once; else whole pages: a longer prompt goes in pieces between decode chunks, so it does
+  not stall the slots decoding)."""
   slots: int
   context: int
   page_size: int
   chunk_steps: int
   top_logprobs: int
+  prefill_chunk: int = 0
 
   def __post_init__(self):
     for name in ("slots", "context", "page_size", "chunk_steps"):
@@ -50,6 +64,9 @@ class Layout:
                        f"{self.page_size}")
     if not 0 <= self.top_logprobs <= 20:
       raise ValueError(f"top_logprobs={self.top_logprobs}: expected 0..20")
+    if self.prefill_chunk < 0 or self.prefill_chunk % self.page_size:
+      raise ValueError(f"prefill_chunk={self.prefill_chunk}: expected 0 (whole prompts) or a "
+                       f"positive multiple of page_size={self.page_size}")
 
   @property
   def pages_per_slot(self) -> int:
@@ -157,33 +174,51 @@ def admit(model: models.Model, st: SlotState, slot, tokens_1S, mask_1S, key, tem
                (key, temperature, top_p, want_top, budget), layout, s)
 
 
-def extend(model: models.Model, st: SlotState, slot, tokens_1C, mask_1C, key, temperature,
-           top_p, want_top, budget, layout: Layout, s: SamplingSettings) -> SlotState:
-  """Slot `slot`, which still holds an ended request's sequence (its prompt and completion,
-  all but the last token fed), takes a request whose prompt continues that sequence: its new
-  tokens (that last token first; left-padded to C) are prefilled after the slot's columns,
-  reading the kept keys and values, and its first token is chosen."""
+def prefill_piece(model: models.Model, st: SlotState, slot, tokens_1C, mask_1C, column,
+                  position, fresh, layout: Layout, s: SamplingSettings) -> SlotState:
+  """C tokens of slot `slot`'s sequence prefilled at its columns [column, column + C), its
+  first real one (`mask_1C`) at `position`, reading the keys and values the slot holds before
+  `column` (none if `fresh`: a new prompt). The slot stays idle: a long prompt goes in piece
+  by piece between decode chunks, its last piece by `prefill_last`."""
+  return _piece(model, st, slot, tokens_1C, mask_1C, column, position, fresh, layout, s)[0]
+
+
+def prefill_last(model: models.Model, st: SlotState, slot, tokens_1C, mask_1C, column,
+                 position, fresh, request, layout: Layout, s: SamplingSettings) -> SlotState:
+  """`prefill_piece` of a sequence's last C tokens (its last column real), then the slot
+  takes the request: its first token is chosen from the logits after them. A session's
+  continuation is one such call (its new tokens, the last sampled one first, left-padded,
+  after the kept sequence); a long prompt's pieces end with one.
+  `request`: (key, temperature, top_p, want_top, budget)."""
+  st, logits_1V = _piece(model, st, slot, tokens_1C, mask_1C, column, position, fresh, layout, s)
+  return _take(st, slot, logits_1V, column + tokens_1C.shape[1], position + jnp.sum(mask_1C),
+               st.mask[slot], request, layout, s)
+
+
+def _piece(model, st: SlotState, slot, tokens_1C, mask_1C, column, position, fresh,
+           layout: Layout, s: SamplingSettings):
+  """`prefill_piece`'s forward: (the state, the logits after the piece's last token [1, V]).
+  The slot's mask takes the piece's columns; its pages are rewritten whole."""
   unrolled = isinstance(st.pool, tuple)
   model, tune = decode.decode_model(model, s, unrolled)
-  C, PP = tokens_1C.shape[1], layout.pages_per_slot
-  fed = jnp.maximum(st.length[slot] - 1, 0)
-  column, base = st.prompt_cols[slot] + fed, st.position[slot] + fed
+  PP = layout.pages_per_slot
   own = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot * PP, PP, x.ndim - 4),
                      st.pool)
-  mask_1W = jax.lax.dynamic_update_slice(st.mask[slot][None], mask_1C, (0, column))
-  positions_1C = jnp.where(mask_1C > 0, base + jnp.cumsum(mask_1C, axis=1) - 1, 0)
+  kept_1W = jnp.where(fresh, 0, st.mask[slot])[None]  # a new prompt reads none of the old
+  mask_1W = jax.lax.dynamic_update_slice(kept_1W, mask_1C, (0, column))
+  positions_1C = jnp.where(mask_1C > 0, position + jnp.cumsum(mask_1C, axis=1) - 1, 0)
   moe = st.routing is not None
   hidden_1CD, cache, *routed = decode.forward(model, tokens_1C, positions_1C, mask_1W,
                                               kv_cache.from_pages(own, 1), column, tune=tune,
                                               return_hidden=True, with_router=moe)
   logits_1V = models.unembed(model, hidden_1CD[:, -1:])[:, 0]
-  if moe:
-    st = st.replace(routing=decode.record_experts(st.routing, routed[0]["experts"], mask_1C > 0,
+  if moe:  # a new prompt's record starts afresh
+    routing = st.routing.at[slot].set(jnp.where(fresh, -1, st.routing[slot]))
+    st = st.replace(routing=decode.record_experts(routing, routed[0]["experts"], mask_1C > 0,
                                                   (slot, column, 0, 0)))
   pool = kv_cache.put_pages(st.pool, kv_cache.as_pages(kv_cache.own_part(cache), layout.page_size),
-                    slot * PP)
-  return _take(st.replace(pool=pool), slot, logits_1V, column + C, base + jnp.sum(mask_1C),
-               mask_1W[0], (key, temperature, top_p, want_top, budget), layout, s)
+                            slot * PP)
+  return st.replace(pool=pool, mask=st.mask.at[slot].set(mask_1W[0])), logits_1V
 
 
 def refill(model: models.Model, st: SlotState, slot, tokens_1S, mask_1S, layout: Layout,
