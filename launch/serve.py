@@ -33,6 +33,9 @@ _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 512, "New tokens of a request t
 _PAGE = flags.DEFINE_integer("page_size", 16, "Tokens per KV-cache page.")
 _CHUNK = flags.DEFINE_integer("chunk_steps", 8, "Decode steps per device call (new requests "
                               "join between calls).")
+_PREFILL = flags.DEFINE_integer("prefill_chunk", 0, "Prompt tokens prefilled per engine step "
+                                "(0: whole prompts; else a multiple of --page_size): a longer "
+                                "prompt goes in pieces while the others decode.")
 _QUEUE = flags.DEFINE_integer("max_waiting", 256, "Requests that may wait for a slot; more get 429.")
 flags.mark_flags_as_required(["model"])
 
@@ -44,7 +47,8 @@ def main(argv):
   try:
     serving.server.check_binding(_HOST.value, api_key)
     layout = serving.Layout(slots=_SLOTS.value, context=_CONTEXT.value, page_size=_PAGE.value,
-                            chunk_steps=_CHUNK.value, top_logprobs=20)
+                            chunk_steps=_CHUNK.value, top_logprobs=20,
+                            prefill_chunk=_PREFILL.value)
     if not os.path.isdir(_MODEL.value):
       raise ValueError(f"--model={_MODEL.value!r}: expected a Hugging Face directory")
   except ValueError as e:
