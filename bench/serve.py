@@ -38,8 +38,8 @@ dispatch per admission) at their largest next to the model's compute.
    engine (slots = min(env_workers, 64)) behind one `openai.AsyncOpenAI`, each episode a
    `copy` of it on the episode's URL; an episode's call that continues its previous one
    keeps that call's slot and prefills only its new tokens (`Request.session`,
-   `slots.extend`: the "extended" engine calls). Warm-up plays of other problems until one
-   compiles nothing; then `--rounds` rounds, each new problems and key, the variants back to
+   `slots.prefill_last`: the "extended" engine calls). Warm-up plays of other problems until
+   one compiles nothing; then `--rounds` rounds, each new problems and key, the variants back to
    back: the environment; the agent config as shipped (env_workers 64: all 64 episodes at
    once); and the agent config at env_workers 16 (`--agent-workers`, 0: not; 16 agent
    programs at a time, on a 16-slot engine), the effect of concurrency. Printed: median s
