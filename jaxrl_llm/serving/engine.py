@@ -323,7 +323,6 @@ class Engine:
       return None
     return new, width, column
 
-
   def _plan(self, slot: int, request: Request, future) -> _Prefill:
     """`request`'s prefill into `slot`: its new tokens after the sequence the slot holds if
     it continues it, else its whole prompt (the caller holds the lock)."""

@@ -67,13 +67,13 @@ class EpisodeRollouts:
     every row with its episode's reward)."""
     sources = batch.sources if batch.sources is not None else np.zeros(len(batch.records),
                                                                           np.int32)
-    samples, tool_stats = self._play_sources(model, batch, sources, key)
-    return self.lay_out(batch, sources, samples, tool_stats)
+    return self.lay_out(batch, sources, self._play_sources(model, batch, sources, key))
 
-  def lay_out(self, batch: data.RecordBatch, sources: np.ndarray, samples: list,
-              tool_stats: dict[str, int]) -> Rollout:
+  def lay_out(self, batch: data.RecordBatch, sources: np.ndarray, samples: list) -> Rollout:
     """The rollout of `batch`'s played episodes: `samples`, each episode's trajectories
-    (prompt-major, G per record), scored and laid out for training."""
+    (prompt-major, G per record), scored and laid out for training, with the tool calls
+    counted since the last rollout."""
+    tool_stats = self._tool_stats()
     G, K, P = self.G, self.K, len(batch.records)
     episodes = [s[-1] for s in samples]
     rows = [ep for s in samples for ep in _padded(s, K)]
@@ -124,7 +124,6 @@ class EpisodeRollouts:
     samples does not depend on how many processes share the batch."""
     G, B = self.G, len(batch.records) * self.G
     samples: list = [None] * B
-    tool_stats: dict[str, int] = {}
     for i, player in enumerate(self.players):
       prompts = np.flatnonzero(sources == i)
       rows = [p * G + g for p in prompts for g in range(G)]
@@ -136,9 +135,16 @@ class EpisodeRollouts:
                   else [[ep] for ep in player.play(*args, numbers)])
         for r, s in zip(rows, played):
           samples[r] = s
+    return samples
+
+  def _tool_stats(self) -> dict[str, int]:
+    """Every player's tool-call counts since the last call, summed (the same keys on every
+    process)."""
+    total: dict[str, int] = {}
+    for player in self.players:
       for k, v in player.tool_stats().items():
-        tool_stats[k] = tool_stats.get(k, 0) + v
-    return samples, tool_stats
+        total[k] = total.get(k, 0) + v
+    return total
 
 
 def _padded(samples: list, K: int) -> list:

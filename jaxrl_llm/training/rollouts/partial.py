@@ -116,11 +116,7 @@ class PartialRollouts(SampledRollouts):
     """Takes up the samples a checkpoint kept in flight (`Rollout.in_flight` of every
     process), resumed at the first `finish`; a checkpoint of another process count has
     none that fit, and they start afresh."""
-    if len(in_flight) != jax.process_count():
-      print(f"partial rollouts: the checkpoint kept the samples in flight of "
-            f"{len(in_flight)} processes, this run has {jax.process_count()}: they start afresh")
-      return
-    self._restored = json.loads(in_flight[jax.process_index()])
+    self._restored = this_process_in_flight(in_flight, "samples")
 
   def close(self) -> None:
     self.engine = None
@@ -233,6 +229,16 @@ class PartialRollouts(SampledRollouts):
     out = sampling.SampleOutput(tokens=tokens, mask=mask, logprobs=logprobs, lengths=lengths,
                                 truncated=np.asarray([not f.eos for f in samples]))
     return Block(batch, prompts, out)
+
+
+def this_process_in_flight(in_flight: list[str], what: str) -> dict | None:
+  """This process's part of what a checkpoint kept in flight (`Rollout.in_flight` of every
+  process), or None if it was written by another number of processes (they start afresh)."""
+  if len(in_flight) != jax.process_count():
+    print(f"partial rollouts: the checkpoint kept the {what} in flight of {len(in_flight)} "
+          f"processes, this run has {jax.process_count()}: they start afresh")
+    return None
+  return json.loads(in_flight[jax.process_index()])
 
 
 def version_metrics(step: int, versions: np.ndarray, restarted: int, k: int,

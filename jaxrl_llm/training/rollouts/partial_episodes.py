@@ -113,12 +113,7 @@ class PartialEpisodeRollouts(EpisodeRollouts):
       in_flight = self._snapshot()
     batch = _batch_of(chosen, self.position)
     sources = np.asarray([g.source for g in chosen], np.int32)
-    tool_stats: dict[str, int] = {}
-    for player in self.players:
-      for name, v in player.tool_stats().items():
-        tool_stats[name] = tool_stats.get(name, 0) + v
-    rollout = self.lay_out(batch, sources, [[g.done[i]] for g in chosen for i in range(self.G)],
-                           tool_stats)
+    rollout = self.lay_out(batch, sources, [[g.done[i]] for g in chosen for i in range(self.G)])
     rollout.position = self.position
     versions = np.stack([_token_versions(g.done[i], self.width)
                          for g in chosen for i in range(self.G)])
@@ -131,11 +126,7 @@ class PartialEpisodeRollouts(EpisodeRollouts):
 
   def restore(self, in_flight: list[str]) -> None:
     """Takes up the groups a checkpoint kept in flight (played again from their reset)."""
-    if len(in_flight) != jax.process_count():
-      print(f"partial rollouts: the checkpoint kept the episodes in flight of "
-            f"{len(in_flight)} processes, this run has {jax.process_count()}: they start afresh")
-      return
-    self._restored = json.loads(in_flight[jax.process_index()])
+    self._restored = partial.this_process_in_flight(in_flight, "episodes")
 
   def close(self) -> None:
     with self._cond:
