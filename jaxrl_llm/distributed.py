@@ -77,6 +77,42 @@ def concat(tree):
   return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
+def compiled_together(jitted, name: str):
+  """`jitted`, run so that on several CPU processes each new argument signature is compiled
+  ahead of its first run, and no process runs it before every process has compiled it.
+
+  XLA:CPU joins processes' devices through gloo, whose reduce-scatter (an FSDP gradient's)
+  gives up after 30 s, whatever the collective timeout is set to: a process that compiled
+  the update faster than another would wait for it inside the collective and fail. Waiting
+  at a barrier of the coordination service first keeps compile-time skew out of the
+  collectives. Elsewhere (one process, GPU, TPU) `jitted` itself is returned.
+  """
+  if jax.process_count() == 1 or jax.devices()[0].platform != "cpu":
+    return jitted
+  compiled = set()
+
+  def run(*args):
+    leaves, tree = jax.tree.flatten(args)
+    key = (tree, tuple((np.shape(x), getattr(x, "dtype", type(x)), getattr(x, "sharding", None))
+                       for x in leaves))
+    if key not in compiled:
+      jitted.lower(*args).compile()  # jit's own cache keeps it: the call below reuses it
+      barrier(f"{name}:{len(compiled)}")
+      compiled.add(key)
+    return jitted(*args)
+
+  return run
+
+
+def barrier(name: str, timeout_s: int = 3600) -> None:
+  """Waits until every process has reached the barrier `name` (the coordination service's,
+  no device program)."""
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  jax_distributed.global_state.client.wait_at_barrier(name, timeout_s * 1000)
+
+
 def max_int(value: int) -> int:
   """The largest of the processes' `value`s."""
   return int(concat(np.asarray([value], np.int64)).max())

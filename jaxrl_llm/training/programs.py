@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxrl_llm import distributed
 from jaxrl_llm import models
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.training import prepare, steps
@@ -78,11 +79,11 @@ def compile_programs(config, plan: Plan, trained_models, optimizer, layout) -> P
                      sh.rows_sharding(minibatch_rows, mesh, rules))
   repl = sh.replicated(mesh)
   micro_rows = min(t.micro_batch_size, minibatch_rows)
-  update = lambda fn, model, *frozen, **kw: jax.jit(
+  update = lambda fn, model, *frozen, **kw: distributed.compiled_together(jax.jit(
       functools.partial(fn, model_static=model.replace(params=None), algo=algo,
                         optimizer=optimizer, num_micro=minibatch_rows // micro_rows, **kw),
       in_shardings=(state_shardings, minibatch, *frozen), out_shardings=(state_shardings, repl),
-      donate_argnums=(0,), compiler_options=models.COMPILER_OPTIONS)
+      donate_argnums=(0,), compiler_options=models.COMPILER_OPTIONS), fn.__name__)
   m = trained_models
   shardings = lambda tree: None if tree is None else jax.tree.map(lambda x: x.sharding, tree)
   policy, reference, value, teacher = m.policy, m.reference, m.value, m.teacher
