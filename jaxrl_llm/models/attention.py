@@ -15,7 +15,9 @@ values run in the compute dtype.
              the saved log-sum-exp, so neither pass holds more than [B, K, G, T, BLOCK];
   cudnn:     `jax.nn.dot_product_attention(implementation='cudnn')`, cuDNN's fused flash
              attention on NVIDIA GPUs (bf16/fp16);
-  splash:    the Pallas splash-attention kernel on TPU, per device under `shard_map`.
+  splash:    the Pallas splash-attention kernel on TPU, per device under `shard_map`; with
+             a context axis each device computes its own block of queries' rows against
+             the gathered keys and values.
 'auto' takes cudnn where `cudnn_unsupported` finds nothing against it (an NVIDIA GPU,
 bf16/fp16, a head dim cuDNN takes), splash on a TPU, and xla on a CPU while the sequence
 fits one block; otherwise blockwise. Asked for by name, cudnn refuses what it cannot run.
@@ -60,9 +62,11 @@ def cudnn_unsupported(dtype, head_dim: int, length: int, where: str,
 
 
 def resolve(impl: str, *, where: str, dtype, head_dim: int, length: int,
-            capability: tuple[int, int] | None = None, block: int = BLOCK) -> str:
+            capability: tuple[int, int] | None = None, block: int = BLOCK,
+            seq_shards: int = 1) -> str:
   """The implementation 'auto' stands for on platform `where` ('cpu', 'gpu', 'tpu'); a
-  named one is returned as it is, once checked."""
+  named one is returned as it is, once checked. `seq_shards`: the context pieces the
+  sequence is cut into (splash takes a multiple of 128 tokens per piece)."""
   why_not_cudnn = cudnn_unsupported(dtype, head_dim, length, where, capability)
   if impl == "cudnn" and why_not_cudnn:
     raise ValueError(f"attention='cudnn': {why_not_cudnn}; expected 'auto', 'xla' or "
@@ -71,7 +75,7 @@ def resolve(impl: str, *, where: str, dtype, head_dim: int, length: int,
     return impl
   if why_not_cudnn is None:
     return "cudnn"
-  if where == "tpu" and length % 128 == 0:
+  if where == "tpu" and length % (128 * seq_shards) == 0:
     return "splash"
   return "xla" if length <= block else "blockwise"
 
@@ -88,8 +92,9 @@ def causal_attention(q_BTKGd, k_BTKd, v_BTKd, valid_BT, *, impl: str = "auto", m
     block: key slots per block of the blockwise kernel.
   """
   T, dt, d = q_BTKGd.shape[1], q_BTKGd.dtype, q_BTKGd.shape[-1]
+  c = sh.seq_shards(mesh, rules) if mesh is not None and rules is not None else 1
   impl = resolve(impl, where=platform.of(mesh), capability=platform.compute_capability(mesh),
-                 dtype=dt, head_dim=d, length=T, block=block)
+                 dtype=dt, head_dim=d, length=T, block=block, seq_shards=c if T % c == 0 else 1)
   if impl == "xla":
     return _xla(q_BTKGd, k_BTKd, v_BTKd, valid_BT)
   if impl == "blockwise":
@@ -242,40 +247,50 @@ def _cudnn(q_BTKGd, k_BSKd, v_BSKd, valid_BS, implementation: str = "cudnn"):
 
 # --- splash: the Pallas TPU kernel, per device ----------------------------------------------------
 def _splash(q_BTKGd, k_BSKd, v_BSKd, valid_BS, mesh, rules):
+  """Splash attention per device under `shard_map`. With a context axis (the 'seq' rule
+  cutting the sequence into c pieces), each device keeps its own c-th of the queries and
+  gathers the keys and values: the kernel's mask is the whole causal mask cut into c row
+  blocks (`q_seq_shards`), so a device computes its queries' rows only."""
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
   B, T, K, G, d = q_BTKGd.shape
-  if T % 128:
-    raise ValueError(f"attention='splash' needs a sequence length that is a multiple of 128, "
-                     f"got {T}; use 'auto' or 'blockwise'")
-  interpret = platform.of(mesh) != "tpu"  # runs anywhere, slowly: the CPU tests use it
-  blk = math.gcd(T, 512)
+  sharded = mesh is not None and rules is not None
+  c = sh.seq_shards(mesh, rules) if sharded else 1
+  c = c if T % c == 0 else 1  # a length the rule cannot cut stays whole (`logical_to_spec`)
+  if (T // c) % 128:
+    raise ValueError(f"attention='splash' needs a sequence length that is a multiple of 128 "
+                     f"per context shard (x{c}), got {T}; use 'auto' or 'blockwise'")
+  blk = math.gcd(T // c, 512)
   sizes = splash.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
                             block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk,
                             block_kv_dq=blk)
-  kernel = splash.make_splash_mqa_single_device(
+  kernel = splash.make_splash_mqa(
       masks.MultiHeadMask([masks.CausalMask((T, T)) for _ in range(G)]), block_sizes=sizes,
-      interpret=interpret)
+      head_shards=1, q_seq_shards=c, interpret=platform.of(mesh) != "tpu")  # CPU: interpreted
 
-  def one_device(q_BTKGd, k_BSKd, v_BSKd, valid_BS):
+  def one_device(kernel, q_BtKGd, k_BSKd, v_BSKd, valid_Bt, valid_BS):
     # Real tokens are segment 1, padding segment 0: a real query never sees a padding key,
     # and every query sees at least itself. Padding queries' outputs are never read.
-    seg_BS = valid_BS.astype(jnp.int32)
-    q_BKGTd = (q_BTKGd * d ** -0.5).astype(q_BTKGd.dtype).transpose(0, 2, 3, 1, 4)
+    q_BKGtd = (q_BtKGd * d ** -0.5).astype(q_BtKGd.dtype).transpose(0, 2, 3, 1, 4)
     k_BKSd, v_BKSd = k_BSKd.transpose(0, 2, 1, 3), v_BSKd.transpose(0, 2, 1, 3)
-    per_head = jax.vmap(lambda q, k, v, seg: kernel(q, k, v, splash.SegmentIds(seg, seg)),
-                        in_axes=(0, 0, 0, None))  # over the K kv heads (MQA within a group)
-    out_BKGTd = jax.vmap(per_head)(q_BKGTd, k_BKSd, v_BKSd, seg_BS)
-    return out_BKGTd.transpose(0, 3, 1, 2, 4).astype(q_BTKGd.dtype)
+    segments = lambda q_t, kv_S: splash.SegmentIds(q_t.astype(jnp.int32), kv_S.astype(jnp.int32))
+    per_head = jax.vmap(lambda q, k, v, q_t, kv_S: kernel(q, k, v, segments(q_t, kv_S)),
+                        in_axes=(0, 0, 0, None, None))  # over the K kv heads (MQA in a group)
+    out_BKGtd = jax.vmap(per_head)(q_BKGtd, k_BKSd, v_BKSd, valid_Bt, valid_BS)
+    return out_BKGtd.transpose(0, 3, 1, 2, 4).astype(q_BtKGd.dtype)
 
-  if mesh is None or rules is None:
-    return one_device(q_BTKGd, k_BSKd, v_BSKd, valid_BS)
+  if not sharded:
+    return one_device(kernel, q_BTKGd, k_BSKd, v_BSKd, valid_BS, valid_BS)
   spec = lambda names, x: sh.logical_to_spec(names, x.shape, mesh, rules)
-  q_spec = spec((sh.BATCH, None, sh.KV_HEADS, None, None), q_BTKGd)
-  kv_spec = spec((sh.BATCH, None, sh.KV_HEADS, None), k_BSKd)
-  valid_spec = spec((sh.BATCH, None), valid_BS)
-  return jax.shard_map(one_device, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, valid_spec),
-                       out_specs=q_spec, check_vma=False)(q_BTKGd, k_BSKd, v_BSKd, valid_BS)
+  q_spec = spec((sh.BATCH, sh.SEQ, sh.KV_HEADS, None, None), q_BTKGd)
+  kv_spec = spec((sh.BATCH, None, sh.KV_HEADS, None), k_BSKd)  # gathered along the sequence
+  kernel_spec = kernel.manual_sharding_spec(jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec(None, q_spec[1])))  # the mask's rows as the queries'
+  return jax.shard_map(
+      one_device, mesh=mesh, in_specs=(kernel_spec, q_spec, kv_spec, kv_spec,
+                                       spec((sh.BATCH, sh.SEQ), valid_BS),
+                                       spec((sh.BATCH, None), valid_BS)),
+      out_specs=q_spec, check_vma=False)(kernel, q_BTKGd, k_BSKd, v_BSKd, valid_BS, valid_BS)
 
 
 # --- attention over a KV cache (decoding) ----------------------------------------------------------

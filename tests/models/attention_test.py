@@ -95,6 +95,34 @@ class CausalAttentionTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "multiple of 128"):
       attention.causal_attention(*_inputs(T=96)[:4], impl="splash")
 
+  @parameterized.parameters((2, 256), (4, 512))
+  def test_splash_per_context_block_matches_xla(self, context, T):
+    """With the sequence cut over a context axis, each device runs the kernel on its own
+    block of queries (T / context of them) against the gathered keys: values and gradients
+    as the plain attention's, left padding and padding at the end included."""
+    q, k, v, valid = _inputs(B=2, T=T, K=2, G=2, d=64)
+    real = np.asarray(valid, bool)
+    mesh = sh.make_mesh(dict(data=1, fsdp=1, context=context, tensor=2),
+                        jax.devices()[:2 * context])
+    splash = functools.partial(attention.causal_attention, impl="splash", mesh=mesh,
+                               rules=sh.DEFAULT_RULES)
+    local_queries = [x.aval.shape for e in jax.make_jaxpr(splash)(q, k, v, valid).eqns
+                     if e.primitive.name == "shard_map"
+                     for x in e.params["jaxpr"].invars if x.aval.ndim == 5]
+    self.assertEqual(local_queries, [(2, T // context, 1, 2, 64)])  # kv heads over tensor 2
+    want = attention.causal_attention(q, k, v, valid, impl="xla")
+    np.testing.assert_allclose(np.asarray(jax.jit(splash)(q, k, v, valid))[real],
+                               np.asarray(want)[real], atol=2e-6, rtol=0)
+    g_got = jax.grad(_loss("splash", valid, mesh=mesh, rules=sh.DEFAULT_RULES),
+                     argnums=(0, 1, 2))(q, k, v)
+    g_want = jax.grad(_loss("xla", valid), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(g_got, g_want):
+      np.testing.assert_allclose(a, b, atol=5e-5, rtol=0)
+    with self.assertRaisesRegex(ValueError, r"multiple of 128 per context shard \(x2\)"):
+      jax.jit(functools.partial(splash, mesh=sh.make_mesh(
+          dict(data=1, fsdp=1, context=2, tensor=1), jax.devices()[:2])))(
+              *_inputs(T=128, d=64)[:4])
+
   def test_auto_picks_per_platform(self):
     def resolve(impl, where, dtype, length, head_dim=128, capability=None):
       return attention.resolve(impl, where=where, dtype=dtype, head_dim=head_dim, length=length,
@@ -105,6 +133,9 @@ class CausalAttentionTest(parameterized.TestCase):
     self.assertEqual(resolve("auto", "gpu", jnp.float32, 4096), "blockwise")
     self.assertEqual(resolve("auto", "tpu", jnp.bfloat16, 1024), "splash")
     self.assertEqual(resolve("auto", "tpu", jnp.bfloat16, 1000), "blockwise")
+    tpu = lambda shards: attention.resolve("auto", where="tpu", dtype=jnp.bfloat16,
+                                           head_dim=128, length=1152, seq_shards=shards)
+    self.assertEqual((tpu(1), tpu(2)), ("splash", "blockwise"))  # 2 pieces of 576: not splash
     self.assertEqual(resolve("blockwise", "cpu", jnp.float32, 8), "blockwise")
     # What cuDNN cannot take is decided up front (no fallback on an exception): a head dim
     # of 256 only from Hopper on, one that is not a multiple of 8 never.
