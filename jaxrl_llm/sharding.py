@@ -397,6 +397,19 @@ def seq_shards(mesh: Mesh | None, rules: Rules | None) -> int:
   return math.prod(mesh.shape[a] for a in _rules_table(rules).get(SEQ, ()))
 
 
+def sampling_rules(mesh: Mesh | None, rules: Rules | None):
+  """The rules the sampler's programs run under: `rules` with the devices that split the
+  sequence (the 'seq' rule's, context parallelism) taking rows of their own instead. A
+  decode step feeds one token per row, with nothing to split, so under the training rules
+  those devices would all decode the same rows; `rules` itself when they are one device."""
+  if seq_shards(mesh, rules) == 1:
+    return rules
+  table = _rules_table(rules)
+  rows = table.get(BATCH, ()) + tuple(a for a in table[SEQ] if a not in table.get(BATCH, ()))
+  return freeze_rules([(name, rows if name == BATCH else None if name == SEQ else axes)
+                       for name, axes in rules])
+
+
 def rows_sharding(rows: int, mesh: Mesh, rules: Rules) -> NamedSharding:
   """A batch of `rows` rows split over the mesh's batch axes, the other dims replicated.
 

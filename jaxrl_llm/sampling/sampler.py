@@ -133,8 +133,8 @@ class Sampler:
     def placed(model, *args):
       static = self.engine(model) == "static"
       program = _sample_program if static else continuous.continuous_program
-      out, cache, stats = program(model, *args, s=settings)
-      return output.by_rows(out, model), cache, stats
+      out, cache, stats = program(for_sampling(model), *args, s=settings)
+      return output.by_rows(out, model), cache, stats  # rows where the trainer wants them
     self._program = jax.jit(placed, donate_argnums=(1,), compiler_options=models.COMPILER_OPTIONS)
     self._cache = None
     self._prefix_bytes = 0  # the static engine's prompt cache of the last call (a temporary)
@@ -231,7 +231,7 @@ class Sampler:
   def _cache_layout(self, model: models.Model, num_prompts: int, length: int):
     """(the kept KV buffers' shapes for `num_prompts` prompts of `length` slots, whether the
     layers run unrolled, the continuous engine's data shards)."""
-    s = self.settings
+    s, model = self.settings, for_sampling(model)
     unrolled, shards = decode.unrolls_layers(s, model), 1
     if self.engine(model) == "static":
       want = kv_cache.shapes(model.config, num_prompts * s.num_samples, s.max_new_tokens,
@@ -308,7 +308,7 @@ class Sampler:
 def _cache_shardings(model: models.Model, stacked: dict, unrolled: bool, shards: int = 1):
   """Where the kept KV buffers live (shapes `stacked`): stacked, or one dict per layer
   (`shards`: the continuous engines whose parts of the page pool lie on their own devices)."""
-  cfg = model.config
+  cfg, model = model.config, for_sampling(model)
   if "v" in stacked:  # the rows' own buffers: values [L, B, K, N, Dh]
     shardings = kv_cache.cache_shardings(cfg, stacked["v"][1], stacked["v"][-2], model.mesh,
                                          model.rules, kv_cache.key_layout(stacked))
@@ -319,6 +319,12 @@ def _cache_shardings(model: models.Model, stacked: dict, unrolled: bool, shards:
     shardings = kv_cache.page_shardings(cfg, values[1], Q, model.mesh, model.rules,
                                         sharded=shards > 1, key_layout=layout)
   return decode.per_layer_shardings(shardings, cfg.num_layers) if unrolled else shardings
+
+
+def for_sampling(model: models.Model) -> models.Model:
+  """`model` under the rules its sampling programs run with (`sharding.sampling_rules`: with
+  a context axis, its devices decode rows of their own)."""
+  return model.replace(rules=sh.sampling_rules(model.mesh, model.rules))
 
 
 def _replicated_key(key: jax.Array, mesh) -> jax.Array:

@@ -16,6 +16,8 @@ from jaxrl_llm import config as config_lib
 from jaxrl_llm import models, training
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.sampling.sampler import Sampler
+from jaxrl_llm.sampling.settings import SamplingSettings
 from jaxrl_llm.training import steps
 from jaxrl_llm.training.rollouts.train_batch import TrainBatch
 from tests.training.run_logs import assert_rows_close, read_jsonl
@@ -74,6 +76,26 @@ class ContextParallelTest(parameterized.TestCase):
     got = _logp_grads(models.place(self.model, mesh), batch)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), got,
                  _logp_grads(self.model, batch))
+
+  @parameterized.product(mesh_name=tuple(MESHES), engine=("static", "continuous"))
+  def test_the_sampler_splits_rows_over_the_context_devices(self, mesh_name, engine):
+    """A decode step has one token per row: the context devices take rows of their own (the
+    KV buffers split over them too, not repeated) and sample one device's tokens."""
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14], [15, 16], [17], [18, 19, 20], [21]]
+    settings = SamplingSettings(num_samples=2, max_new_tokens=6, temperature=1.0,
+                                engine=engine, slots=8)
+    mesh = sh.make_mesh(MESHES[mesh_name])
+    sampler = Sampler(settings)
+    got = sampler(models.place(self.model, mesh), prompts, seed=3)
+    want = Sampler(settings)(self.model, prompts, seed=3)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
+    trainer_rows = sh.logical_to_spec((sh.BATCH,), (16,), mesh, sh.DEFAULT_RULES)[0]
+    self.assertEqual(got.tokens.sharding.spec[0], trainer_rows)  # where the trainer wants them
+    cache = jax.tree.leaves(sampler.cache)[0]
+    self.assertIn("context", jax.tree.leaves(tuple(cache.sharding.spec)))
+    self.assertEqual(sh.sampling_rules(mesh, sh.DEFAULT_RULES)[0],
+                     (sh.BATCH, ("data", "fsdp", "expert", "context")))
 
   def test_seq_shards(self):
     mesh = sh.make_mesh(MESHES["context4"])
