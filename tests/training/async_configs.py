@@ -21,7 +21,9 @@ def get_config(placement: str = "shared"):
   """`golden_config(4)` at max_async_level=1 on 8 devices, as the command line takes it
   (`--config=tests/training/async_configs.py:split`), for the runs over two processes.
 
-  shared: one 2 x 2 x 2 mesh for the trainer and the sampler; split: the sampler on 2
+  shared: one data 2 x context 2 x tensor 2 mesh for the trainer and the sampler (each
+  process's rows over its own context devices: split sequences in the update, rows of their
+  own in the sampler); split: the sampler on 2
   devices of its own (one per process of a two-process run), the trainer data-parallel on
   the other 6.
   """
@@ -29,7 +31,7 @@ def get_config(placement: str = "shared"):
   config.algo.max_async_level = 1
   config.checkpoint.every = 2
   if placement == "shared":
-    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
+    config.mesh.data, config.mesh.fsdp, config.mesh.context, config.mesh.tensor = 2, 1, 2, 2
   elif placement == "split":
     config.mesh.rollout_devices = 2
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
