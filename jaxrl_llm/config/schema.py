@@ -151,6 +151,11 @@ def sampling_config() -> ConfigDict:
       "engine": "auto",  # auto | static | continuous: README, "Sampling engines"
       "slots": 0,  # continuous engine: decode slots (0 = half of the completions)
       "page_size": 32,  # continuous engine: tokens per KV page
+      # continuous engine: pages each engine keeps for completions, so the KV pool's memory
+      # (launch.compile); 0 = every slot at max_new_tokens. Fewer (at least one completion's,
+      # ceil(max_new_tokens / page_size)): requests wait for free pages, and a slot that
+      # cannot grow preempts the latest admitted one, recomputed later (README, "Sampling engines")
+      "kv_pages": 0,
       # LoRA (config.lora): merged (into the kernels, once per call; an int8 base becomes
       # compute-dtype weights while sampling) | applied (beside the kernels at every step;
       # the base stays as stored). bench/lora.py has both
