@@ -13,9 +13,9 @@ engine's row r). The program
      budget, at most `max_new_tokens`) gives its pages back to the pool and is empty for the next step.
 
 Pages are taken one at a time as a slot's sequence crosses a page boundary, from a free
-stack, and returned when it ends, so the pool's pages in use follow the live tokens; the
-pool is sized for the worst case (every slot at `max_new_tokens`), so a step never waits
-for memory. Attention reads the leading pages of every slot's block table, as many as the
+stack, and returned when it ends, so the pool's pages in use follow the live tokens. By
+default the pool holds every slot's worst case (each at `max_new_tokens`), so a step never
+waits for memory. Attention reads the leading pages of every slot's block table, as many as the
 longest live sequence needs rounded up to a power of two (`attention.paged_attention`);
 slots are ordered by length each step and read in four groups, so a group of short
 sequences does not read as far as the longest one. A step runs the smallest of
@@ -25,6 +25,17 @@ A request draws its tokens from its own keys (`choose.request_keys`): its comple
 not depend on its slot, its neighbours or when it started, and equals the static engine's
 for the same key. A step computes all M slots (fixed shapes); empty slots write to a page
 nobody reads and record nothing.
+
+Fewer pages (`SamplingSettings.kv_pages`, `page_pool`). A pool of fewer own pages, at least
+one completion's worst case, is admitted into as vLLM's scheduler does, inside the loop: an
+empty slot takes the next request only while free pages remain beside the running slots'
+next pages and a reserve (1% of the pool, at least one page); a step whose growing slots
+need more pages than are free first preempts the running requests admitted last, as few as
+make room, by recompute: their pages are freed, their rows cleared, and they go back to the
+front of the queue to start again from their prompts. Each draws from its own keys, so a
+restarted request gets the same completion (tests/sampling/continuous_test.py). The oldest
+running request is never preempted (the others' pages and the free ones make one
+completion's worst case), so every call ends. stats: 'preemptions' beside 'peak_pages'.
 
 Pallas kernels (not used). jax's TPU decode kernels, `ragged_paged_attention` (vLLM-TPU's:
 pages [NP, Q, 2K (keys and values interleaved), Dh]) and `paged_attention` (pages
@@ -147,7 +158,8 @@ def continuous_program(model: models.Model, pool, tokens_PS, mask_PS, budget_R, 
   layer when the layers run unrolled), donated. `tokens_PS`: prompts left-padded to a
   multiple of the page size. `budget_R`: each request's most new tokens (<= N). stats:
   {'steps': decode steps (the most of any engine), 'peak_pages': the most pages in use by
-  completions at once (summed over engines)}.
+  completions at once, 'preemptions': running requests evicted for pages and started again
+  (both summed over engines)}.
 
   On a data-parallel mesh (`batch_shards`) every data shard runs its own engine on its rows
   and its part of the pool, under `shard_map`; a request keeps its global index for its keys.

@@ -106,8 +106,8 @@ class SamplingSettings:
     if self.kv_pages != 0 and self.kv_pages < worst:
       raise ValueError(
           f"kv_pages={self.kv_pages}: expected 0 (every slot's worst case) or at least {worst} "
-          f"pages, one completion of max_new_tokens={self.max_new_tokens} in pages of "
-          f"page_size={self.page_size}, so that the oldest running request can always grow")
+          f"(the pages of one completion of max_new_tokens={self.max_new_tokens} in pages of "
+          f"page_size={self.page_size}), so that the oldest running request can always grow")
 
   def resolved_engine(self, where: str = "cpu") -> str:
     """'static' or 'continuous': what `engine` stands for with these settings on platform

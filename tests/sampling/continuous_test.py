@@ -233,7 +233,7 @@ class SettingsTest(absltest.TestCase):
     for bad in (3, -1):
       with self.assertRaisesRegex(
           ValueError, rf"kv_pages={bad}: expected 0 \(every slot's worst case\) or at least 4 "
-          r"pages, one completion of max_new_tokens=16 in pages of page_size=4"):
+          r"\(the pages of one completion of max_new_tokens=16 in pages of page_size=4\)"):
         sampling.SamplingSettings(2, 16, page_size=4, kv_pages=bad)
 
 
