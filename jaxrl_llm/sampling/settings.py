@@ -56,7 +56,8 @@ class SamplingSettings:
   slot takes a request only while pages are free, and a slot that needs a page when none is
   free preempts the running request admitted last, which starts again later from its
   prompt with the same completion (`continuous`, "Fewer pages"). At least one completion's
-  worst case, so the oldest running request can always grow.
+  worst case, so the oldest running request can always grow. (The episode players'
+  engine, `serving.slots`, keeps its own pages per slot.)
 
   `adapters`: how a policy with LoRA adapters decodes. 'merged' adds them into the kernels
   once per call, before the decode loop (an int8 base is dequantized then: the merged
