@@ -172,6 +172,17 @@ class SmallerPoolTest(parameterized.TestCase):
     self.assertLessEqual(int(small.stats["peak_pages"]), kv_pages)
     self.assertGreater(int(small.stats["steps"]), int(whole.stats["steps"]))
 
+  def test_an_moe_models_routing_record_is_the_whole_pools(self):
+    """Routing replay's record of every fed token's experts: a preempted request's row is
+    cleared and recorded again as it is recomputed, as the whole pool recorded it."""
+    model = _model("qwen3_moe")
+    kw = dict(slots=8, page_size=4, layer_loop="scan", eos_ids=())
+    _, want = _sample(model, self.prompts, "continuous", **kw)
+    small, got = _sample(model, self.prompts, "continuous", kv_pages=12, **kw)
+    self.assertGreater(int(small.stats["preemptions"]), 0)
+    assert_same(want, got)
+    np.testing.assert_array_equal(got.routing, want.routing)
+
   def test_pages_in_use_stay_in_the_pool_and_follow_the_live_tokens(self):
     """The pool holds the prompts' pages and `kv_pages`, not every slot's worst case; the
     most pages in use at once is at most that, and at least the longest completion's."""
