@@ -15,8 +15,8 @@ engine's row r). The program
 Pages are taken one at a time as a slot's sequence crosses a page boundary, from a free
 stack, and returned when it ends, so the pool's pages in use follow the live tokens. By
 default the pool holds every slot's worst case (each at `max_new_tokens`), so a step never
-waits for memory. Attention reads the leading pages of every slot's block table, as many as the
-longest live sequence needs rounded up to a power of two (`attention.paged_attention`);
+waits for memory. Attention reads the leading pages of every slot's block table, as many as
+the longest live sequence needs rounded up to a power of two (`attention.paged_attention`);
 slots are ordered by length each step and read in four groups, so a group of short
 sequences does not read as far as the longest one. A step runs the smallest of
 `batch_sizes` that holds the live slots.
@@ -26,10 +26,10 @@ not depend on its slot, its neighbours or when it started, and equals the static
 for the same key. A step computes all M slots (fixed shapes); empty slots write to a page
 nobody reads and record nothing.
 
-Fewer pages (`SamplingSettings.kv_pages`, `page_pool`). A pool of fewer own pages, at least
-one completion's worst case, is admitted into as vLLM's scheduler does, inside the loop: an
-empty slot takes the next request only while free pages remain beside the running slots'
-next pages and a reserve (1% of the pool, at least one page); a step whose growing slots
+Fewer pages (`SamplingSettings.kv_pages`, `page_pool`). With fewer own pages (at least one
+completion's worst case) the engine schedules as vLLM's does, inside the loop: an empty
+slot takes the next request only while free pages remain beside the running slots' next
+pages and a reserve (1% of the pool, at least one page); a step whose growing slots
 need more pages than are free first preempts the running requests admitted last, as few as
 make room, by recompute: their pages are freed, their rows cleared, and they go back to the
 front of the queue to start again from their prompts. Each draws from its own keys, so a
@@ -72,6 +72,7 @@ from jaxrl_llm import models
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models import kv_cache
 from jaxrl_llm.sampling import choose, decode, output, page_pool
+from jaxrl_llm.sampling.page_pool import EngineState
 from jaxrl_llm.sampling.settings import SamplingSettings
 
 
@@ -129,7 +130,7 @@ def _groups(batch: int, most: int = 4) -> tuple[tuple[int, int], ...]:
   return tuple(zip(bounds[:-1], bounds[1:]))
 
 
-def _record(st: page_pool.EngineState, live_M, token_M, logp_M, s: SamplingSettings):
+def _record(st: EngineState, live_M, token_M, logp_M, s: SamplingSettings):
   """Writes each live slot's chosen token at its request's next column."""
   R = st.lengths_R.shape[0]
   row_M = jnp.where(live_M, st.slot_request, R)  # out of range: dropped
@@ -141,7 +142,7 @@ def _record(st: page_pool.EngineState, live_M, token_M, logp_M, s: SamplingSetti
       slot_token=jnp.where(live_M, token_M, st.slot_token))
 
 
-def _finish(st: page_pool.EngineState, ended_M, eos_M, prompt_pages: int, Q: int):
+def _finish(st: EngineState, ended_M, eos_M, prompt_pages: int, Q: int):
   """Ends the requests of the slots `ended_M`: lengths recorded, pages freed, slots emptied."""
   R = st.lengths_R.shape[0]
   row_M = jnp.where(ended_M, st.slot_request, R)
@@ -239,20 +240,21 @@ def _engine(model: models.Model, pool, tokens_PS, mask_PS, budget_R, keys_R, M: 
   pool = kv_cache.put_pages(pool, kv_cache.as_pages(prompt_cache, Q))  # prompt p: pages p*SP...
   pages = page_pool.own_pages(s, M)
   first_own, spare = P * SP, P * SP + pages  # own pages [first_own, spare), one spare page
-  e = _Engine(model, s, tune, P, M, SP, OWN, pages, page_pool.admission_reserve(pages, M, s), spare,
+  reserve = page_pool.admission_reserve(pages, M, s)
+  e = _Engine(model, s, tune, P, M, SP, OWN, pages, reserve, spare,
               in_place=not unrolled and tune.key_layout == "slot_major",
               logits_PV=logits_PV, next_position_P=positions_PS[:, -1] + 1, mask_PS=mask_PS,
               keys_R=keys_R, budget_R=budget_R)
 
-  def step(st: page_pool.EngineState) -> page_pool.EngineState:
+  def step(st: EngineState) -> EngineState:
     waiting = jnp.any(st.slot_request < 0) & (st.queue_head < R)
     st = jax.lax.cond(waiting, functools.partial(_admit, e), lambda st: st, st)
     return _decode_step(e, st)
 
-  def running(st: page_pool.EngineState):
+  def running(st: EngineState):
     return (st.queue_head < R) | jnp.any(st.slot_request >= 0)
 
-  st = page_pool.EngineState(
+  st = EngineState(
       slot_request=jnp.full((M,), -1, jnp.int32), slot_chosen=jnp.zeros((M,), jnp.int32),
       slot_token=jnp.zeros((M,), jnp.int32), slot_admitted=jnp.zeros((M,), jnp.int32),
       block_table=jnp.full((M, SP + OWN), spare, jnp.int32),
@@ -272,7 +274,7 @@ def _engine(model: models.Model, pool, tokens_PS, mask_PS, budget_R, keys_R, M: 
                         "preemptions": st.preemptions}
 
 
-def _admit(e: _Engine, st: page_pool.EngineState) -> page_pool.EngineState:
+def _admit(e: _Engine, st: EngineState) -> EngineState:
   """Empty slots take the next requests, as many as the free pages allow beside the running
   slots' next pages and the reserve, and choose their first token."""
   G, R, M, SP, OWN = e.s.num_samples, e.R, e.M, e.SP, e.OWN
@@ -301,11 +303,12 @@ def _admit(e: _Engine, st: page_pool.EngineState) -> page_pool.EngineState:
   return _finish(st, new_M & (eos_M | (budget_M == 1)), eos_M, SP, e.s.page_size)
 
 
-def _decode_step(e: _Engine, st: page_pool.EngineState) -> page_pool.EngineState:
+def _decode_step(e: _Engine, st: EngineState) -> EngineState:
   """Feeds every live slot's last token and chooses its next one."""
   M, SP, Q = e.M, e.SP, e.s.page_size
   short = jnp.sum(page_pool.opens_page(st, Q), dtype=jnp.int32) > st.free_count
-  st = jax.lax.cond(short, functools.partial(page_pool.preempt, prompt_pages=SP, Q=Q, pad_id=e.s.pad_id), lambda st: st, st)
+  preempt = functools.partial(page_pool.preempt, prompt_pages=SP, Q=Q, pad_id=e.s.pad_id)
+  st = jax.lax.cond(short, preempt, lambda st: st, st)
   live_M = st.slot_request >= 0
   request_M = jnp.clip(st.slot_request, 0, e.R - 1)
   prompt_M = request_M // e.s.num_samples
