@@ -172,6 +172,19 @@ class SmallerPoolTest(parameterized.TestCase):
     self.assertLessEqual(int(small.stats["peak_pages"]), kv_pages)
     self.assertGreater(int(small.stats["steps"]), int(whole.stats["steps"]))
 
+  def test_one_engine_per_data_shard(self):
+    """8 prompts x G 3 over 8 data shards, one engine each (2 slots, 6 own pages instead of
+    12): the whole pool's completions; the stats sum over the engines."""
+    placed = models.place(self.model, sh.make_mesh({"data": 4, "fsdp": 2, "tensor": 1}))
+    prompts = _prompts(4, (5, 11, 3, 9, 14, 2, 7, 6))
+    kw = dict(slots=16, page_size=4, layer_loop="scan", eos_ids=())
+    whole, want = _sample(placed, prompts, "continuous", **kw)
+    small, got = _sample(placed, prompts, "continuous", kv_pages=6, **kw)
+    assert_same(want, got)
+    self.assertEqual(int(whole.stats["peak_pages"]), 8 * 12)  # every completion at 24 tokens
+    self.assertEqual(int(small.stats["peak_pages"]), 8 * 6)
+    self.assertGreater(int(small.stats["preemptions"]), 0)
+
   def test_an_moe_models_routing_record_is_the_whole_pools(self):
     """Routing replay's record of every fed token's experts: a preempted request's row is
     cleared and recorded again as it is recomputed, as the whole pool recorded it."""
