@@ -215,13 +215,17 @@ def _step_flops(config, plan: Plan, setup: Setup) -> dict[str, float]:
 def _decode_steps(settings: sampling.SamplingSettings, model: models.Model, prompts: int) -> int:
   """The most decode steps of one sampler call when every completion runs to
   `max_new_tokens`: N for the static engine; for the continuous one, each engine's requests
-  pass through its slots in ceil(requests / slots) waves of N steps."""
+  pass through its slots in ceil(requests / slots) waves of N steps, with at most as many
+  slots as its pages hold completions at the limit (`kv_pages`; preemptions' recompute not
+  counted)."""
   N = settings.max_new_tokens
   if settings.resolved_engine(platform.of(model.mesh)) == "static":
     return N
   shards = sampling.continuous.batch_shards(model, prompts)[1]
   requests = prompts * settings.num_samples
   slots = sampling.continuous.engine_slots(settings, requests, shards)
+  slots = min(slots, sampling.page_pool.own_pages(settings, slots)
+              // -(-N // settings.page_size))
   return -(-(requests // shards) // slots) * N
 
 

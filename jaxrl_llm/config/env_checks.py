@@ -1,4 +1,4 @@
-"""The checks of multi-turn sources' fields (`schema.env_config`): environments and agent
+"""The checks of multi-turn sources' fields (`env_schema.env_config`): environments and agent
 programs, and what they do not combine with yet (`validate` runs them)."""
 from __future__ import annotations
 

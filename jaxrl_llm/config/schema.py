@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from jaxrl_llm.config.env_schema import env_config
+
 ConfigDict = ml_collections.ConfigDict
 # A preset sets a field to this when only the user can fill it (a model or data path);
 # `validate` refuses the config until the field is set.
@@ -149,6 +151,11 @@ def sampling_config() -> ConfigDict:
       "engine": "auto",  # auto | static | continuous: README, "Sampling engines"
       "slots": 0,  # continuous engine: decode slots (0 = half of the completions)
       "page_size": 32,  # continuous engine: tokens per KV page
+      # continuous engine: pages each engine keeps for completions, so the KV pool's memory
+      # (launch.compile); 0 = every slot at max_new_tokens. Fewer (at least one completion's,
+      # ceil(max_new_tokens / page_size)): requests wait for free pages, and a slot that
+      # cannot grow preempts the latest admitted one, recomputed later (README, "Sampling engines")
+      "kv_pages": 0,
       # LoRA (config.lora): merged (into the kernels, once per call; an int8 base becomes
       # compute-dtype weights while sampling) | applied (beside the kernels at every step;
       # the base stays as stored). bench/lora.py has both
@@ -274,31 +281,6 @@ def train_config() -> ConfigDict:
       "peak_flops_per_device": 0.0,  # for MFU; 0.0 = measure
       "logprob_chunk_size": 256,  # sequence positions per logit chunk
   })
-
-
-def env_config() -> dict:
-  """A multi-turn source's environment (jaxrl_llm/envs, README "Agents"): the fields of
-  `config.data` (one source) and of each `config.sources.NAME`. `env` '' = single-turn."""
-  return {
-      "env": "",  # 'path/to/env.py:MyEnv' | 'pkg.module:MyEnv'; '' = one completion per prompt
-      "env_args": {},  # keyword arguments of its constructor
-      "max_turns": 4,  # model turns per episode at most, >= 1
-      "max_episode_tokens": 512,  # tokens per episode, the opening prompt included
-      "tool_timeout_s": 10.0,  # a tool call's time limit (a ToolEnv's), > 0
-      "env_workers": 1,  # environment instances stepping a batch's episodes concurrently, >= 1
-      "on_env_error": "stop",  # stop | drop: an environment that raises stops the run, or its
-                               # episode's group carries no loss and is counted (env/dropped)
-      # An agent program instead of an environment: 'path/to/agent.py:run' | 'pkg.mod:run',
-      # `async def run(client, record) -> reward | (reward, info)` (docs/agents.md); its
-      # client is an openai.AsyncOpenAI bound to the policy's endpoint; env_workers programs
-      # run at once, max_turns bounds its calls.
-      "agent": "",
-      "agent_timeout_s": 300.0,  # an agent program running longer is cancelled (dropped)
-      # Training rows per agent episode: 1 = the trajectory of its last call; K > 1 = also
-      # up to K - 1 earlier trajectories (calls that do not continue one another, e.g. under
-      # a template that rewrites earlier turns), each its own row (the batch: P x G x K rows)
-      "agent_samples": 1,
-  }
 
 
 def data_config(sampling: ConfigDict) -> ConfigDict:

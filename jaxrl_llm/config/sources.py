@@ -25,7 +25,7 @@ from typing import Any
 
 import ml_collections
 
-from jaxrl_llm.config import schema
+from jaxrl_llm.config import env_schema, schema
 
 # Estimator settings that normalise over the whole batch rather than per group or per row:
 # in a mixed batch they would mix the sources' rows, so a mixed run refuses them.
@@ -42,7 +42,7 @@ class Source:
     weight: its share of each step's prompts, normalised over the run's sources.
     rewards: its `config.rewards`-shaped reward functions and weights.
     algo: `config.algo` with this source's per-row fields in place, references resolved.
-    env: its environment fields (`schema.env_config()`: `env`, `env_args`, `max_turns`, ...);
+    env: its environment fields (`env_schema.env_config()`: `env`, `env_args`, `max_turns`, ...);
       `env['env']` is '' for a single-turn source.
   """
   name: str
@@ -63,7 +63,7 @@ class Source:
     return f"config.sources.{self.name}" if self.name else "config.data"
 
 
-ENV_FIELDS = tuple(schema.env_config())
+ENV_FIELDS = tuple(env_schema.env_config())
 
 
 def _env_fields(group) -> dict:

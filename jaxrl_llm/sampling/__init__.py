@@ -36,9 +36,10 @@ Modules: `settings` (what a program is specialised on), `choose` (the token draw
 keys), `decode` (per-platform tuning of the decode loop, the one place that asks where it
 runs, and the parts of a program: decode weights, prefill), `output` (`SampleOutput`),
 `sampler` (the static program, `Sampler`, `generate`), `continuous` (the continuous program),
+`page_pool` (its state and pages: admission, preemption),
 `turns` (multi-turn episodes over a KV cache kept between turns, `TurnSampler`).
 """
-from jaxrl_llm.sampling import continuous
+from jaxrl_llm.sampling import continuous, page_pool
 from jaxrl_llm.sampling.choose import (choose_tokens, gumbel_noise, numbered_keys, request_keys,
                                        token_keys)
 from jaxrl_llm.sampling.decode import (DECODE_TUNING, DecodeTuning, decode_weight_shardings,
@@ -54,4 +55,5 @@ __all__ = ["CONTINUOUS_FROM_NEW_TOKENS", "DECODE_TUNING", "DEFAULT_BUCKETS", "De
            "ENGINES", "GENERATE_CACHE_SIZE", "LAYER_LOOPS", "SampleOutput", "Sampler",
            "SamplingSettings", "TurnOutput", "TurnSampler", "WEIGHT_LAYOUTS", "bucket_length", "choose_tokens", "continuous",
            "decode_weight_shardings", "eos_ids", "free_generate_cache", "generate", "gumbel_noise",
-           "left_pad", "numbered_keys", "pad_id", "request_keys", "token_keys", "unrolls_layers"]
+           "left_pad", "numbered_keys", "pad_id", "page_pool", "request_keys", "token_keys",
+           "unrolls_layers"]

@@ -13,10 +13,10 @@ engine's row r). The program
      budget, at most `max_new_tokens`) gives its pages back to the pool and is empty for the next step.
 
 Pages are taken one at a time as a slot's sequence crosses a page boundary, from a free
-stack, and returned when it ends, so the pool's pages in use follow the live tokens; the
-pool is sized for the worst case (every slot at `max_new_tokens`), so a step never waits
-for memory. Attention reads the leading pages of every slot's block table, as many as the
-longest live sequence needs rounded up to a power of two (`attention.paged_attention`);
+stack, and returned when it ends, so the pool's pages in use follow the live tokens. By
+default the pool holds every slot's worst case (each at `max_new_tokens`), so a step never
+waits for memory. Attention reads the leading pages of every slot's block table, as many as
+the longest live sequence needs rounded up to a power of two (`attention.paged_attention`);
 slots are ordered by length each step and read in four groups, so a group of short
 sequences does not read as far as the longest one. A step runs the smallest of
 `batch_sizes` that holds the live slots.
@@ -25,6 +25,17 @@ A request draws its tokens from its own keys (`choose.request_keys`): its comple
 not depend on its slot, its neighbours or when it started, and equals the static engine's
 for the same key. A step computes all M slots (fixed shapes); empty slots write to a page
 nobody reads and record nothing.
+
+Fewer pages (`SamplingSettings.kv_pages`, `page_pool`). With fewer own pages (at least one
+completion's worst case) the engine schedules as vLLM's does, inside the loop: an empty
+slot takes the next request only while free pages remain beside the running slots' next
+pages and a reserve (1% of the pool, at least one page); a step whose growing slots
+need more pages than are free first preempts the running requests admitted last, as few as
+make room, by recompute: their pages are freed, their rows cleared, and they go back to the
+front of the queue to start again from their prompts. Each draws from its own keys, so a
+restarted request gets the same completion (tests/sampling/continuous_test.py). The oldest
+running request is never preempted (the others' pages and the free ones make one
+completion's worst case), so every call ends. stats: 'preemptions' beside 'peak_pages'.
 
 Pallas kernels (not used). jax's TPU decode kernels, `ragged_paged_attention` (vLLM-TPU's:
 pages [NP, Q, 2K (keys and values interleaved), Dh]) and `paged_attention` (pages
@@ -56,12 +67,12 @@ import math
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from jaxrl_llm import models
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models import kv_cache
-from jaxrl_llm.sampling import choose, decode, output
+from jaxrl_llm.sampling import choose, decode, output, page_pool
+from jaxrl_llm.sampling.page_pool import EngineState
 from jaxrl_llm.sampling.settings import SamplingSettings
 
 
@@ -89,11 +100,11 @@ def engine_slots(s: SamplingSettings, requests: int, shards: int = 1) -> int:
 
 def pool_pages(prompts: int, prompt_len: int, s: SamplingSettings, shards: int = 1) -> int:
   """Pages of the pool for `prompts` prompts of `prompt_len` slots (a multiple of the page
-  size), over `shards` engines: each engine's prompts' pages, every slot's worst case and
-  one page nobody reads."""
+  size), over `shards` engines: each engine's prompts' pages, its `own_pages` for
+  completions and one page nobody reads."""
   Q, own = s.page_size, prompts // shards
-  return shards * (own * (prompt_len // Q) + engine_slots(s, prompts * s.num_samples, shards)
-                   * -(-s.max_new_tokens // Q) + 1)
+  slots = engine_slots(s, prompts * s.num_samples, shards)
+  return shards * (own * (prompt_len // Q) + page_pool.own_pages(s, slots) + 1)
 
 
 def read_sizes(own_pages: int) -> tuple[int, ...]:
@@ -119,26 +130,7 @@ def _groups(batch: int, most: int = 4) -> tuple[tuple[int, int], ...]:
   return tuple(zip(bounds[:-1], bounds[1:]))
 
 
-@struct.dataclass
-class _State:
-  slot_request: jax.Array   # int32 [M], the request in the slot, -1 when empty
-  slot_chosen: jax.Array    # int32 [M], tokens chosen so far for it
-  slot_token: jax.Array     # int32 [M], the last chosen token (fed by the next step)
-  block_table: jax.Array    # int32 [M, PP], prompt pages then own pages
-  free_pages: jax.Array     # int32 [M * own], a stack of free own pages
-  free_count: jax.Array     # int32, how many of `free_pages` are free (the stack's top)
-  next_request: jax.Array   # int32, the first request not yet admitted
-  tokens_RN: jax.Array
-  logprobs_RN: jax.Array
-  lengths_R: jax.Array
-  ended_R: jax.Array        # bool [R], ended by an EOS
-  pool: dict | tuple
-  steps: jax.Array          # int32, decode steps run
-  peak_pages: jax.Array     # int32, the most own pages in use at once
-  routing_RNLk: jax.Array | None = None  # an MoE model's experts of each fed token, -1: none
-
-
-def _record(st: _State, live_M, token_M, logp_M, s: SamplingSettings):
+def _record(st: EngineState, live_M, token_M, logp_M, s: SamplingSettings):
   """Writes each live slot's chosen token at its request's next column."""
   R = st.lengths_R.shape[0]
   row_M = jnp.where(live_M, st.slot_request, R)  # out of range: dropped
@@ -150,21 +142,13 @@ def _record(st: _State, live_M, token_M, logp_M, s: SamplingSettings):
       slot_token=jnp.where(live_M, token_M, st.slot_token))
 
 
-def _finish(st: _State, ended_M, eos_M, prompt_pages: int, Q: int):
+def _finish(st: EngineState, ended_M, eos_M, prompt_pages: int, Q: int):
   """Ends the requests of the slots `ended_M`: lengths recorded, pages freed, slots emptied."""
   R = st.lengths_R.shape[0]
   row_M = jnp.where(ended_M, st.slot_request, R)
-  fed_M = st.slot_chosen - 1  # the last chosen token is never fed
-  own_MO = st.block_table[:, prompt_pages:]
-  used_MO = ended_M[:, None] & (jnp.arange(own_MO.shape[1])[None] < -(-fed_M // Q)[:, None])
-  used = used_MO.reshape(-1)
-  at = jnp.where(used, st.free_count + jnp.cumsum(used) - 1, st.free_pages.shape[0])
-  return st.replace(
-      lengths_R=st.lengths_R.at[row_M].set(st.slot_chosen, mode="drop"),
-      ended_R=st.ended_R.at[row_M].set(eos_M, mode="drop"),
-      free_pages=st.free_pages.at[at].set(own_MO.reshape(-1), mode="drop"),
-      free_count=st.free_count + jnp.sum(used, dtype=jnp.int32),
-      slot_request=jnp.where(ended_M, -1, st.slot_request))
+  st = st.replace(lengths_R=st.lengths_R.at[row_M].set(st.slot_chosen, mode="drop"),
+                  ended_R=st.ended_R.at[row_M].set(eos_M, mode="drop"))
+  return page_pool.empty_slots(st, ended_M, prompt_pages, Q)
 
 
 def continuous_program(model: models.Model, pool, tokens_PS, mask_PS, budget_R, key,
@@ -175,7 +159,8 @@ def continuous_program(model: models.Model, pool, tokens_PS, mask_PS, budget_R, 
   layer when the layers run unrolled), donated. `tokens_PS`: prompts left-padded to a
   multiple of the page size. `budget_R`: each request's most new tokens (<= N). stats:
   {'steps': decode steps (the most of any engine), 'peak_pages': the most pages in use by
-  completions at once (summed over engines)}.
+  completions at once, 'preemptions': running requests evicted for pages and started again
+  (both summed over engines)}.
 
   On a data-parallel mesh (`batch_shards`) every data shard runs its own engine on its rows
   and its part of the pool, under `shard_map`; a request keeps its global index for its keys.
@@ -201,7 +186,8 @@ def continuous_program(model: models.Model, pool, tokens_PS, mask_PS, budget_R, 
     out, pool, stats = _engine(local, pool, tokens_PS, mask_PS, budget_R, keys_R,
                                engine_slots(s, R, shards), s, tune)
     return out, pool, {"steps": jax.lax.pmax(stats["steps"], axes),
-                       "peak_pages": jax.lax.psum(stats["peak_pages"], axes)}
+                       "peak_pages": jax.lax.psum(stats["peak_pages"], axes),
+                       "preemptions": jax.lax.psum(stats["preemptions"], axes)}
 
   replicated = jax.sharding.PartitionSpec()
   return jax.shard_map(one_shard, mesh=model.mesh,
@@ -221,6 +207,8 @@ class _Engine:
   M: int  # slots
   SP: int  # pages of a prompt
   OWN: int  # most own pages of a slot
+  pages: int  # own pages of the pool (`own_pages`)
+  reserve: int  # free pages admission leaves to running slots (`admission_reserve`)
   spare: int  # the page that slots without a page of their own write to
   in_place: bool  # the TPU's layout: the layer scan reads the stacked pool in place
   logits_PV: jax.Array  # each prompt's last logits
@@ -250,51 +238,63 @@ def _engine(model: models.Model, pool, tokens_PS, mask_PS, budget_R, keys_R, M: 
   prompt_cache, logits_PV, positions_PS, *prompt_routing = decode.prefill(
       model, tokens_PS, mask_PS, tune, unrolled, with_router=moe)
   pool = kv_cache.put_pages(pool, kv_cache.as_pages(prompt_cache, Q))  # prompt p: pages p*SP...
-  first_own, spare = P * SP, P * SP + M * OWN  # own pages [first_own, spare), one spare page
-  e = _Engine(model, s, tune, P, M, SP, OWN, spare,
+  pages = page_pool.own_pages(s, M)
+  first_own, spare = P * SP, P * SP + pages  # own pages [first_own, spare), one spare page
+  reserve = page_pool.admission_reserve(pages, M, s)
+  e = _Engine(model, s, tune, P, M, SP, OWN, pages, reserve, spare,
               in_place=not unrolled and tune.key_layout == "slot_major",
               logits_PV=logits_PV, next_position_P=positions_PS[:, -1] + 1, mask_PS=mask_PS,
               keys_R=keys_R, budget_R=budget_R)
 
-  def step(st: _State) -> _State:
-    waiting = jnp.any(st.slot_request < 0) & (st.next_request < R)
+  def step(st: EngineState) -> EngineState:
+    waiting = jnp.any(st.slot_request < 0) & (st.queue_head < R)
     st = jax.lax.cond(waiting, functools.partial(_admit, e), lambda st: st, st)
     return _decode_step(e, st)
 
-  def running(st: _State):
-    return (st.next_request < R) | jnp.any(st.slot_request >= 0)
+  def running(st: EngineState):
+    return (st.queue_head < R) | jnp.any(st.slot_request >= 0)
 
-  st = _State(
+  st = EngineState(
       slot_request=jnp.full((M,), -1, jnp.int32), slot_chosen=jnp.zeros((M,), jnp.int32),
-      slot_token=jnp.zeros((M,), jnp.int32),
+      slot_token=jnp.zeros((M,), jnp.int32), slot_admitted=jnp.zeros((M,), jnp.int32),
       block_table=jnp.full((M, SP + OWN), spare, jnp.int32),
-      free_pages=jnp.arange(first_own, spare, dtype=jnp.int32), free_count=jnp.int32(M * OWN),
-      next_request=jnp.int32(0), tokens_RN=jnp.full((R, N), s.pad_id, jnp.int32),
+      free_pages=jnp.arange(first_own, spare, dtype=jnp.int32), free_count=jnp.int32(pages),
+      queue_R=jnp.arange(R, dtype=jnp.int32), queue_head=jnp.int32(0),
+      admissions=jnp.int32(0), tokens_RN=jnp.full((R, N), s.pad_id, jnp.int32),
       logprobs_RN=jnp.zeros((R, N), jnp.float32), lengths_R=jnp.zeros((R,), jnp.int32),
       ended_R=jnp.zeros((R,), bool), pool=pool, steps=jnp.int32(0), peak_pages=jnp.int32(0),
+      preemptions=jnp.int32(0),
       routing_RNLk=decode.empty_record(model.config, R, N) if moe else None)
   st = jax.lax.while_loop(running, step, st)
   out = output.from_lengths(st.tokens_RN, st.logprobs_RN, st.lengths_R, st.ended_R)
   if moe:  # [R, S0 + N, ...]: each prompt's, then each request's completion tokens fed back
     out = out.replace(routing=decode.sample_routing(prompt_routing[0], st.routing_RNLk,
                                                     s.num_samples))
-  return out, st.pool, {"steps": st.steps, "peak_pages": st.peak_pages}
+  return out, st.pool, {"steps": st.steps, "peak_pages": st.peak_pages,
+                        "preemptions": st.preemptions}
 
 
-def _admit(e: _Engine, st: _State) -> _State:
-  """Empty slots take the next requests and choose their first token."""
+def _admit(e: _Engine, st: EngineState) -> EngineState:
+  """Empty slots take the next requests, as many as the free pages allow beside the running
+  slots' next pages and the reserve, and choose their first token."""
   G, R, M, SP, OWN = e.s.num_samples, e.R, e.M, e.SP, e.OWN
   empty_M = st.slot_request < 0
-  request_M = st.next_request + jnp.cumsum(empty_M) - 1
-  new_M = empty_M & (request_M < R)
-  request_M = jnp.where(new_M, request_M, st.slot_request)
+  running = jnp.any(~empty_M)  # with none running, the pool holds a request's worst case
+  room = (st.free_count - jnp.sum(page_pool.opens_page(st, e.s.page_size), dtype=jnp.int32)
+          - jnp.where(running, e.reserve, 0))
+  place_M = st.queue_head + jnp.cumsum(empty_M) - 1
+  new_M = empty_M & (place_M < R) & (jnp.cumsum(empty_M) <= room)
+  request_M = jnp.where(new_M, st.queue_R[jnp.clip(place_M, 0, R - 1)], st.slot_request)
   prompt_M = jnp.clip(request_M // G, 0, e.P - 1)
   table_MP = jnp.where(new_M[:, None], jnp.concatenate(
       [prompt_M[:, None] * SP + jnp.arange(SP)[None], jnp.full((M, OWN), e.spare)], axis=1),
                        st.block_table)
+  admitted = jnp.sum(new_M, dtype=jnp.int32)
   st = st.replace(slot_request=request_M, block_table=table_MP,
                   slot_chosen=jnp.where(new_M, 0, st.slot_chosen),
-                  next_request=st.next_request + jnp.sum(new_M, dtype=jnp.int32))
+                  slot_admitted=jnp.where(new_M, st.admissions + jnp.cumsum(new_M) - 1,
+                                          st.slot_admitted),
+                  queue_head=st.queue_head + admitted, admissions=st.admissions + admitted)
   token_M, logp_M = choose.choose_tokens(
       e.logits_PV[prompt_M], choose.token_keys(e.keys_R[jnp.clip(request_M, 0, R - 1)], 0), e.s)
   st = _record(st, new_M, token_M, logp_M, e.s)
@@ -303,9 +303,12 @@ def _admit(e: _Engine, st: _State) -> _State:
   return _finish(st, new_M & (eos_M | (budget_M == 1)), eos_M, SP, e.s.page_size)
 
 
-def _decode_step(e: _Engine, st: _State) -> _State:
+def _decode_step(e: _Engine, st: EngineState) -> EngineState:
   """Feeds every live slot's last token and chooses its next one."""
   M, SP, Q = e.M, e.SP, e.s.page_size
+  short = jnp.sum(page_pool.opens_page(st, Q), dtype=jnp.int32) > st.free_count
+  preempt = functools.partial(page_pool.preempt, prompt_pages=SP, Q=Q, pad_id=e.s.pad_id)
+  st = jax.lax.cond(short, preempt, lambda st: st, st)
   live_M = st.slot_request >= 0
   request_M = jnp.clip(st.slot_request, 0, e.R - 1)
   prompt_M = request_M // e.s.num_samples
@@ -364,7 +367,7 @@ def _decode_step(e: _Engine, st: _State) -> _State:
         experts_MLk.astype(jnp.int32), mode="drop"))
   pool = kv_cache.write_pages(st.pool, k_new, v_new, write_page_M, w_M % Q)
   st = st.replace(block_table=table_MP, free_count=free_count, pool=pool, steps=st.steps + 1,
-                  peak_pages=jnp.maximum(st.peak_pages, M * e.OWN - free_count))
+                  peak_pages=jnp.maximum(st.peak_pages, e.pages - free_count))
   st = _record(st, live_M, token_M, logp_M, e.s)
   eos_M = choose.is_eos(token_M, e.s)
   return _finish(st, live_M & (eos_M | (st.slot_chosen == e.budget_R[request_M])), eos_M, SP, Q)

@@ -50,6 +50,15 @@ class SamplingSettings:
   requests (at least one); on a data-parallel mesh the slots are split over the data
   shards' engines (`continuous.engine_slots`).
 
+  `kv_pages`: the pages each continuous engine keeps for its completions (its prompts'
+  pages are beside them), so the pool's memory; 0: every slot's worst case, `slots` x
+  ceil(`max_new_tokens` / `page_size`) (also what a larger value gives). Fewer: an empty
+  slot takes a request only while pages are free, and a slot that needs a page when none is
+  free preempts the running request admitted last, which starts again later from its
+  prompt with the same completion (`continuous`, "Fewer pages"). At least one completion's
+  worst case, so the oldest running request can always grow. (The episode players'
+  engine, `serving.slots`, keeps its own pages per slot.)
+
   `adapters`: how a policy with LoRA adapters decodes. 'merged' adds them into the kernels
   once per call, before the decode loop (an int8 base is dequantized then: the merged
   weights are in the compute dtype); 'applied' keeps the base as it is stored and runs
@@ -68,6 +77,7 @@ class SamplingSettings:
   slots: int = 0
   page_size: int = 32
   adapters: str = "merged"
+  kv_pages: int = 0
 
   def __post_init__(self):
     if self.num_samples < 1:
@@ -93,6 +103,12 @@ class SamplingSettings:
       raise ValueError(f"adapters={self.adapters!r}: expected one of {list(ADAPTER_MODES)}")
     if self.page_size < 1:
       raise ValueError(f"page_size={self.page_size}: expected >= 1")
+    worst = -(-self.max_new_tokens // self.page_size)  # one completion's own pages at most
+    if self.kv_pages != 0 and self.kv_pages < worst:
+      raise ValueError(
+          f"kv_pages={self.kv_pages}: expected 0 (every slot's worst case) or at least {worst} "
+          f"(the pages of one completion of max_new_tokens={self.max_new_tokens} in pages of "
+          f"page_size={self.page_size}), so that the oldest running request can always grow")
 
   def resolved_engine(self, where: str = "cpu") -> str:
     """'static' or 'continuous': what `engine` stands for with these settings on platform
@@ -117,7 +133,8 @@ def from_config(cfg, eos_ids: tuple[int, ...], pad_id: int,
   """The sampler's settings from `config.sampling` (`cfg`); `greedy`: one temperature-0
   sample per prompt (held-out evaluation)."""
   engine = dict(layer_loop=cfg.layer_loop, weight_layout=cfg.weight_layout, engine=cfg.engine,
-                slots=cfg.slots, page_size=cfg.page_size, adapters=cfg.adapters)
+                slots=cfg.slots, page_size=cfg.page_size, adapters=cfg.adapters,
+                kv_pages=cfg.kv_pages)
   if greedy:
     return SamplingSettings(1, cfg.max_new_tokens, 0.0, 0, 1.0, eos_ids, pad_id, **engine)
   return SamplingSettings(cfg.num_samples, cfg.max_new_tokens, cfg.temperature, cfg.top_k,

@@ -15,7 +15,7 @@ from absl.testing import absltest
 
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import training
-from jaxrl_llm.aot import analysis, chips, report
+from jaxrl_llm.aot import analysis, chips, report, step
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -75,6 +75,23 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertEqual(set(programs["sampler"].resident), {"optimizer", "reference"})
     self.assertGreater(result.mfu_bound, 0)
     self.assertLess(result.mfu_bound, 1)
+
+  def test_the_kv_cache_figure_follows_kv_pages(self):
+    """launch.compile's KV cache beside the update: one continuous engine per chip (2
+    prompts x G 4 in 4 slots, 64 new tokens: 2 pages of 32 each at the limit) keeps its
+    prompts' pages, `kv_pages` own pages (0: every slot's 2) and one spare."""
+    def kv_cache_bytes(kv_pages):
+      config = tiny_tpu_config()
+      config.sampling.update(engine="continuous", kv_pages=kv_pages)
+      devices = chips.topology_devices("v5e:2x2")
+      config = report.for_compiling(config)
+      config_lib.validate(config, devices)
+      plan = training.make_plan(config)
+      setup = training.set_up(config, plan, devices, abstract=True)
+      return step.resident_buffers(config, plan, setup)["kv_cache"][1]
+    page = 2 * 2 * 2 * 128 * 32 * 2  # layers x (keys, values) x KV heads x head_dim x 32, bf16
+    self.assertEqual(kv_cache_bytes(0), (2 * 2 + 4 * 2 + 1) * page)
+    self.assertEqual(kv_cache_bytes(5), (2 * 2 + 5 + 1) * page)
 
   def test_ppo_value_update_compiles_with_splash(self):
     result, _ = analyse(tiny_tpu_config("ppo"))

@@ -49,6 +49,9 @@ class ValidateTest(parameterized.TestCase):
       ("minibatches", "algo.num_minibatches", 3, "config.algo.num_minibatches=3 does not divide "
        "the rollout batch of 8 sequences (train.prompts_per_step x sampling.num_samples): "
        "expected a divisor of it"),
+      ("kv_pages", "sampling.kv_pages", -2, "config.sampling.kv_pages=-2: expected 0 (every "
+       "slot's worst case) or at least 1 (the pages of one completion of max_new_tokens=16 in "
+       "pages of page_size=32), so that the oldest running request can always grow"),
   )
   def test_a_bad_value(self, field, value, message):
     config = smoke.get_config()

@@ -25,6 +25,14 @@ def _prompts(seed, lengths):
   return [[int(t) for t in rng.randint(7, V, n)] for n in lengths]
 
 
+def assert_same(want, got):
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_array_equal(got.mask, want.mask)
+  np.testing.assert_array_equal(got.lengths, want.lengths)
+  np.testing.assert_array_equal(got.truncated, want.truncated)
+  np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+
 def _sample(model, prompts, engine, seed=3, **kw):
   settings = dict(num_samples=3, max_new_tokens=24, temperature=1.0, eos_ids=EOS_IDS)
   settings.update(kw)
@@ -40,13 +48,6 @@ class SameAsStaticTest(parameterized.TestCase):
     cls.model = _model()
     cls.prompts = _prompts(0, (5, 11, 3, 9, 14))  # 15 requests
 
-  def assert_same(self, want, got):
-    np.testing.assert_array_equal(got.tokens, want.tokens)
-    np.testing.assert_array_equal(got.mask, want.mask)
-    np.testing.assert_array_equal(got.lengths, want.lengths)
-    np.testing.assert_array_equal(got.truncated, want.truncated)
-    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
-
   @parameterized.parameters(("unrolled", 2, 4), ("scan", 15, 32), ("unrolled", 1, 16))
   def test_each_request_gets_the_static_engines_completion(self, layer_loop, slots, page):
     """Float32, top-k and top-p on: with fewer slots than requests, most requests start in a
@@ -58,7 +59,7 @@ class SameAsStaticTest(parameterized.TestCase):
     self.assertGreater(len(set(want.lengths.tolist())), 4)  # lengths really differ
     self.assertGreater(want.truncated.sum(), 0)
     self.assertLess(want.truncated.sum(), len(want.lengths))
-    self.assert_same(want, got)
+    assert_same(want, got)
     # A request's first token comes from its prompt's logits, each later one from a decode
     # step: M slots need at least (tokens - requests) / M steps.
     made = int(want.lengths.sum()) - len(want.lengths)
@@ -70,7 +71,7 @@ class SameAsStaticTest(parameterized.TestCase):
     _, want = _sample(self.model, self.prompts, "static", temperature=0.0, num_samples=1)
     _, got = _sample(self.model, self.prompts, "continuous", temperature=0.0, num_samples=1,
                      slots=2, page_size=4)
-    self.assert_same(want, got)
+    assert_same(want, got)
 
   def test_a_requests_completion_does_not_depend_on_the_others(self):
     """Request r's draws come from fold_in(fold_in(key, r), t): asking for the prompt alone
@@ -86,7 +87,7 @@ class SameAsStaticTest(parameterized.TestCase):
       sampler = sampling.Sampler(sampling.SamplingSettings(3, 24, 1.0, engine=engine, slots=4,
                                                            page_size=4))
       outs.append(jax.device_get(sampler(self.model, self.prompts, 1, budgets=budgets)))
-    self.assert_same(*outs)
+    assert_same(*outs)
     np.testing.assert_array_equal(outs[0].lengths, budgets)  # no EOS ids: every budget reached
     self.assertTrue(outs[0].truncated.all())
 
@@ -109,7 +110,7 @@ class SameAsStaticTest(parameterized.TestCase):
     self.assertEqual(continuous.batch_shards(placed, len(prompts))[1],
                      1 if shape["tensor"] > 1 else 8)
     _, got = _sample(placed, prompts, "continuous", slots=8, page_size=4, layer_loop=layer_loop)
-    self.assert_same(want, got)
+    assert_same(want, got)
 
 
 class PagesTest(absltest.TestCase):
@@ -145,6 +146,92 @@ class PagesTest(absltest.TestCase):
     self.assertEqual(int(sampler.stats["peak_pages"]), -(-(int(out.lengths.max()) - 1) // 4))
 
 
+class SmallerPoolTest(parameterized.TestCase):
+  """`kv_pages` below every slot's worst case (8 slots x 6 pages of 4 tokens for 24 new
+  tokens): requests wait for free pages, and a running one is preempted when a slot cannot
+  grow, then recomputed from its prompt."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.model = _model()
+    cls.prompts = _prompts(0, (5, 11, 3, 9, 14))  # 15 requests, 24 new tokens at most
+
+  @parameterized.parameters(("unrolled", 24, ()), ("scan", 14, EOS_IDS), ("unrolled", 6, EOS_IDS))
+  def test_the_same_completions_as_the_whole_pool(self, layer_loop, kv_pages, eos_ids):
+    """Half the pool with every completion at 24 tokens (no stop ids), under a third, and
+    one completion's worst case (one slot at a time at the end): preempted requests start
+    again and get the same tokens and log-probs, drawn from their own keys."""
+    kw = dict(slots=8, page_size=4, layer_loop=layer_loop, top_k=40, top_p=0.95,
+              eos_ids=eos_ids)
+    whole, want = _sample(self.model, self.prompts, "continuous", **kw)
+    small, got = _sample(self.model, self.prompts, "continuous", kv_pages=kv_pages, **kw)
+    assert_same(want, got)
+    self.assertEqual(int(whole.stats["preemptions"]), 0)
+    self.assertGreater(int(small.stats["preemptions"]), 0)  # restarts really happened
+    self.assertLessEqual(int(small.stats["peak_pages"]), kv_pages)
+    self.assertGreater(int(small.stats["steps"]), int(whole.stats["steps"]))
+
+  def test_one_engine_per_data_shard(self):
+    """8 prompts x G 3 over 8 data shards, one engine each (2 slots, 6 own pages instead of
+    12): the whole pool's completions; the stats sum over the engines."""
+    placed = models.place(self.model, sh.make_mesh({"data": 4, "fsdp": 2, "tensor": 1}))
+    prompts = _prompts(4, (5, 11, 3, 9, 14, 2, 7, 6))
+    kw = dict(slots=16, page_size=4, layer_loop="scan", eos_ids=())
+    whole, want = _sample(placed, prompts, "continuous", **kw)
+    small, got = _sample(placed, prompts, "continuous", kv_pages=6, **kw)
+    assert_same(want, got)
+    self.assertEqual(int(whole.stats["peak_pages"]), 8 * 12)  # every completion at 24 tokens
+    self.assertEqual(int(small.stats["peak_pages"]), 8 * 6)
+    self.assertGreater(int(small.stats["preemptions"]), 0)
+
+  def test_an_moe_models_routing_record_is_the_whole_pools(self):
+    """Routing replay's record of every fed token's experts: a preempted request's row is
+    cleared and recorded again as it is recomputed, as the whole pool recorded it."""
+    model = _model("qwen3_moe")
+    kw = dict(slots=8, page_size=4, layer_loop="scan", eos_ids=())
+    _, want = _sample(model, self.prompts, "continuous", **kw)
+    small, got = _sample(model, self.prompts, "continuous", kv_pages=12, **kw)
+    self.assertGreater(int(small.stats["preemptions"]), 0)
+    assert_same(want, got)
+    np.testing.assert_array_equal(got.routing, want.routing)
+
+  def test_pages_in_use_stay_in_the_pool_and_follow_the_live_tokens(self):
+    """The pool holds the prompts' pages and `kv_pages`, not every slot's worst case; the
+    most pages in use at once is at most that, and at least the longest completion's."""
+    kw = dict(slots=8, page_size=4, layer_loop="scan")
+    whole, _ = _sample(self.model, self.prompts, "continuous", **kw)
+    small, out = _sample(self.model, self.prompts, "continuous", kv_pages=9, **kw)
+    pool_pages = lambda sampler: sampler.cache["pages_k"].shape[1]  # [L, NP, K, Dh, Q]
+    self.assertEqual(pool_pages(whole) - pool_pages(small), 8 * 6 - 9)
+    self.assertEqual(whole.kv_bytes() - small.kv_bytes(), (8 * 6 - 9) * whole.kv_bytes()
+                     // pool_pages(whole))
+    peak = int(small.stats["peak_pages"])
+    self.assertLessEqual(peak, 9)
+    self.assertGreaterEqual(peak, -(-(int(out.lengths.max()) - 1) // 4))
+
+  def test_the_compiled_sampler_holds_the_smaller_pool(self):
+    """XLA's memory analysis of the program `launch.compile` compiles (from shapes alone):
+    its arguments and outputs shrink by the pages left out, and nothing else grows."""
+    def memory(kv_pages):
+      settings = sampling.SamplingSettings(3, 24, 1.0, engine="continuous", slots=8,
+                                           page_size=4, kv_pages=kv_pages, layer_loop="scan")
+      sampler = sampling.Sampler(settings)
+      pool = sum(x.size * x.dtype.itemsize
+                 for x in jax.tree.leaves(sampler.cache_structs(self.model, 5, 14)))
+      return pool, sampler.lower_shapes(self.model, 5, 14).compile().memory_analysis()
+    whole_pool, whole = memory(0)
+    small_pool, small = memory(12)
+    cfg = self.model.config
+    page_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4 * 4  # k and v, f32
+    self.assertEqual(whole_pool - small_pool, (8 * 6 - 12) * page_bytes)
+    self.assertEqual(whole.argument_size_in_bytes - small.argument_size_in_bytes,
+                     whole_pool - small_pool)
+    self.assertEqual(whole.output_size_in_bytes - small.output_size_in_bytes,
+                     whole_pool - small_pool)
+    self.assertLessEqual(small.temp_size_in_bytes, whole.temp_size_in_bytes)
+
+
 class SettingsTest(absltest.TestCase):
 
   def test_auto_engine_and_slots(self):
@@ -157,6 +244,21 @@ class SettingsTest(absltest.TestCase):
       sampling.SamplingSettings(2, 16, engine="paged")
     with self.assertRaisesRegex(ValueError, "page_size=0: expected >= 1"):
       sampling.SamplingSettings(2, 16, page_size=0)
+
+  def test_kv_pages(self):
+    """Each engine's own pages: the worst case for 0 or more, else as many as asked, at
+    least one completion's worst case (16 new tokens in pages of 4: 4 pages)."""
+    pages = lambda kv: continuous.pool_pages(2, 8, sampling.SamplingSettings(
+        4, 16, slots=3, page_size=4, kv_pages=kv))
+    self.assertEqual(pages(0), 2 * 2 + 3 * 4 + 1)
+    self.assertEqual(pages(100), pages(0))
+    self.assertEqual(pages(5), 2 * 2 + 5 + 1)
+    self.assertEqual(pages(4), 2 * 2 + 4 + 1)
+    for bad in (3, -1):
+      with self.assertRaisesRegex(
+          ValueError, rf"kv_pages={bad}: expected 0 \(every slot's worst case\) or at least 4 "
+          r"\(the pages of one completion of max_new_tokens=16 in pages of page_size=4\)"):
+        sampling.SamplingSettings(2, 16, page_size=4, kv_pages=bad)
 
 
 if __name__ == "__main__":

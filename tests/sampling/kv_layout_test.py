@@ -157,6 +157,24 @@ class SamplesTest(parameterized.TestCase):
                                atol=1e-6)
     self.assertGreater(int(np.asarray(minor.lengths).min()), 1)  # several decode steps ran
 
+  def test_a_smaller_pool_read_in_place(self):
+    """The TPU's layout reads the stacked pool in place in the layer scan: a pool of one
+    completion's worst case (3 pages of 4 tokens for 12) preempts, and samples the whole
+    pool's completions."""
+    model = models.from_pretrained(self.path)
+    settings = sampling.SamplingSettings(2, 12, eos_ids=(EOS,), layer_loop="scan",
+                                         engine="continuous", slots=4, page_size=4)
+    with _on_cpu("slot_major"):
+      whole = sampling.Sampler(settings)(model, self.prompts, 3)
+      sampler = sampling.Sampler(dataclasses.replace(settings, kv_pages=3))
+      small = sampler(model, self.prompts, 3)
+    self.assertGreater(int(sampler.stats["preemptions"]), 0)
+    self.assertLessEqual(int(sampler.stats["peak_pages"]), 3)
+    np.testing.assert_array_equal(np.asarray(small.tokens), np.asarray(whole.tokens))
+    np.testing.assert_array_equal(np.asarray(small.lengths), np.asarray(whole.lengths))
+    np.testing.assert_allclose(np.asarray(small.logprobs), np.asarray(whole.logprobs),
+                               atol=1e-6)
+
   def test_on_a_mesh(self):
     model = models.from_pretrained(self.path, mesh=sh.make_mesh(dict(data=2, fsdp=2, tensor=2)))
     settings = sampling.SamplingSettings(2, 12, eos_ids=(EOS,), layer_loop="scan",
