@@ -156,6 +156,10 @@ def sampling_config() -> ConfigDict:
       # ceil(max_new_tokens / page_size)): requests wait for free pages, and a slot that
       # cannot grow preempts the latest admitted one, recomputed later (README, "Sampling engines")
       "kv_pages": 0,
+      # episodes on the serving engine (multi-turn, agent programs): prompt or reply columns
+      # prefilled per engine step, between other episodes' decode steps; a multiple of
+      # page_size; 0 = whole (docs/serving.md, "Chunked prefill")
+      "prefill_chunk": 0,
       # LoRA (config.lora): merged (into the kernels, once per call; an int8 base becomes
       # compute-dtype weights while sampling) | applied (beside the kernels at every step;
       # the base stays as stored). bench/lora.py has both

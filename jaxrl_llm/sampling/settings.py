@@ -59,6 +59,11 @@ class SamplingSettings:
   worst case, so the oldest running request can always grow. (The episode players'
   engine, `serving.slots`, keeps its own pages per slot.)
 
+  `prefill_chunk`: the most columns of an episode's new tokens (its opening prompt, an
+  environment's long reply) the episode players' serving engine prefills per engine step, in
+  pieces between the other episodes' decode steps (`serving.Layout.prefill_chunk`; a
+  multiple of `page_size`; 0: whole). Single-turn sampling prefills its prompts at once.
+
   `adapters`: how a policy with LoRA adapters decodes. 'merged' adds them into the kernels
   once per call, before the decode loop (an int8 base is dequantized then: the merged
   weights are in the compute dtype); 'applied' keeps the base as it is stored and runs
@@ -78,6 +83,7 @@ class SamplingSettings:
   page_size: int = 32
   adapters: str = "merged"
   kv_pages: int = 0
+  prefill_chunk: int = 0
 
   def __post_init__(self):
     if self.num_samples < 1:
@@ -109,6 +115,9 @@ class SamplingSettings:
           f"kv_pages={self.kv_pages}: expected 0 (every slot's worst case) or at least {worst} "
           f"(the pages of one completion of max_new_tokens={self.max_new_tokens} in pages of "
           f"page_size={self.page_size}), so that the oldest running request can always grow")
+    if self.prefill_chunk < 0 or self.prefill_chunk % self.page_size:
+      raise ValueError(f"prefill_chunk={self.prefill_chunk}: expected 0 (whole) or a positive "
+                       f"multiple of page_size={self.page_size}")
 
   def resolved_engine(self, where: str = "cpu") -> str:
     """'static' or 'continuous': what `engine` stands for with these settings on platform
@@ -134,7 +143,7 @@ def from_config(cfg, eos_ids: tuple[int, ...], pad_id: int,
   sample per prompt (held-out evaluation)."""
   engine = dict(layer_loop=cfg.layer_loop, weight_layout=cfg.weight_layout, engine=cfg.engine,
                 slots=cfg.slots, page_size=cfg.page_size, adapters=cfg.adapters,
-                kv_pages=cfg.kv_pages)
+                kv_pages=cfg.kv_pages, prefill_chunk=cfg.prefill_chunk)
   if greedy:
     return SamplingSettings(1, cfg.max_new_tokens, 0.0, 0, 1.0, eos_ids, pad_id, **engine)
   return SamplingSettings(cfg.num_samples, cfg.max_new_tokens, cfg.temperature, cfg.top_k,

@@ -52,6 +52,8 @@ class ValidateTest(parameterized.TestCase):
       ("kv_pages", "sampling.kv_pages", -2, "config.sampling.kv_pages=-2: expected 0 (every "
        "slot's worst case) or at least 1 (the pages of one completion of max_new_tokens=16 in "
        "pages of page_size=32), so that the oldest running request can always grow"),
+      ("prefill_chunk", "sampling.prefill_chunk", 48, "config.sampling.prefill_chunk=48: "
+       "expected 0 (whole) or a positive multiple of page_size=32"),
   )
   def test_a_bad_value(self, field, value, message):
     config = smoke.get_config()

@@ -24,12 +24,13 @@ SLOW = 1.5  # seconds each step of a slow record's environment takes
 RECORDS = [{"prompt": "slow 1+2"}, {"prompt": "fast 3+4"}, {"prompt": "fast 5+6"}]
 
 
-def player_of(model_dir: str, engine: str):
+def player_of(model_dir: str, engine: str, **sampling_fields):
   cfg = agent_config(model_dir, replies=3, delays={"slow 1+2": SLOW})
   cfg.data.env = agent_testing.SCRIPTED_ENV + ":TimedEnv"
   cfg.data.env_workers = 8
   cfg.data.max_turns = 5
   cfg.sampling.engine = engine
+  cfg.sampling.update(sampling_fields)
   config_lib.validate(cfg, data=True)
   tokenizer = data.load_tokenizer(model_dir)
   model = models.from_pretrained(model_dir)
@@ -91,6 +92,24 @@ class AdmissionTest(absltest.TestCase):
     self.assertLess(max(e[3] for e in fast), max(e[3] for e in slow))
     for ep in played:
       self.assertIsNotNone(ep.ended)
+      mask = np.asarray(ep.loss_mask(), bool)
+      logp = log_softmax_of(model, ep.tokens)
+      np.testing.assert_allclose(logp[mask[1:]], np.asarray(ep.logprobs)[mask], atol=1e-5)
+
+  def test_episodes_prefilled_in_pieces_are_token_exact(self):
+    """`config.sampling.prefill_chunk`: the opening prompts and the environments' replies go
+    into the player's engine in pieces of one 4-token page, and every episode's behaviour
+    log-probs still equal one forward over it."""
+    player, model = player_of(self.model_dir, "continuous", page_size=4, prefill_chunk=4)
+    records = [{"prompt": p} for p in ("fast 3+4", "fast 5+6", "fast 12+34") for _ in range(2)]
+    try:
+      played = player.play(model, records, list(range(len(records))), jax.random.PRNGKey(1))
+      pieces = player.engine.stats["pieces"]
+    finally:
+      player.close()
+    self.assertGreater(pieces, len(records))  # prompts and replies of several pages
+    self.assertGreater(max(ep.num_turns for ep in played), 1)
+    for ep in played:
       mask = np.asarray(ep.loss_mask(), bool)
       logp = log_softmax_of(model, ep.tokens)
       np.testing.assert_allclose(logp[mask[1:]], np.asarray(ep.logprobs)[mask], atol=1e-5)

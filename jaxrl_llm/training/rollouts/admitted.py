@@ -70,7 +70,7 @@ class AdmittedEpisodePlayer(EpisodePlayer):
     if self.engine is None:
       layout = serving.Layout(slots=max(8, 1 << (rows - 1).bit_length()), context=self.context,
                               page_size=self.settings.page_size, chunk_steps=CHUNK_STEPS,
-                              top_logprobs=0)
+                              top_logprobs=0, prefill_chunk=self.settings.prefill_chunk)
       self.engine = serving.Engine(model, self.settings, layout, max_waiting=max(1024, rows))
     self.version = self.version + 1 if version is None else version
     self.engine.publish(model, self.version, after_running)

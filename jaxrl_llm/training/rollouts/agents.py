@@ -162,7 +162,8 @@ class AgentPlayer:
     Q = settings.page_size
     self.layout = serving.Layout(slots=min(self.fields["env_workers"], 64),
                                  context=-(-(self.width + Q) // Q) * Q, page_size=Q,
-                                 chunk_steps=8, top_logprobs=0)
+                                 chunk_steps=8, top_logprobs=0,
+                                 prefill_chunk=settings.prefill_chunk)
     self.name = f"agent {source.env['agent']!r}" + (f" of source {source.name!r}"
                                                     if source.name else "")
     self.server = self.engine = self.client = None
