@@ -2,7 +2,7 @@ r"""Every TPU recipe compiled by XLA:TPU for its slice (`launch.compile`), one t
 peak HBM per chip of each program, the share of HBM left, the step's roofline and the MFU
 bound it implies. Compile only: runs on any host with `pip install -e '.[tpu]'`.
 
-  .venv/bin/python bench/tpu_recipes.py                      # every recipe (~30 min, 2 cores)
+  .venv/bin/python bench/tpu_recipes.py                      # every recipe (~45 min, 2 cores)
   .venv/bin/python bench/tpu_recipes.py qwen3_8b_gsm8k       # some
 
 Each recipe runs `python -m launch.compile --config=RECIPE --margin=0.1` in a subprocess;
