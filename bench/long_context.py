@@ -11,6 +11,11 @@ with `pip install -e '.[tpu]'`.
   .venv/bin/python bench/long_context.py                               # 8B, v5p-64 (~30 min)
   .venv/bin/python bench/long_context.py --lengths=32768 --contexts=1,2,4 --json=out.jsonl
 
+The model: Qwen3-8B's shapes (`--model=1.7b` for Qwen3-1.7B's), the long recipes' model,
+whose KV cache (144 KiB a token) and update both matter at these lengths. The batch: 16
+prompts x G 16 = 256 rows, half configs/qwen3_8b_16k.py's, so that the sampler's cache at
+32k still fits a v5p-64 at context 1 and the comparison reaches the longest length.
+
 Each cell is the smallest micro-batch the mesh allows, one row per batch shard (fsdp /
 context chips hold a row's sequence between them), so a longer row or a wider context axis
 changes the tokens each chip holds, not the number of rows. What the context axis trades:
