@@ -4,9 +4,9 @@ For one model on one fixed slice and one fixed batch (prompts x G rows), this co
 sampler, `prepare` and the policy update of configs/qwen3_8b_16k.py's recipe (the long
 reasoning axes) at each number of new tokens, with the sequence split over `context`
 devices (`config.mesh.context`, fsdp the rest of the chips), and prints each program's peak
-HBM per chip and roofline and the step's roofline, as `launch.compile` reports them (the same Python
-API: `aot.analysis.analyse`; nothing is parsed from text). Compile only: runs on any host
-with `pip install -e '.[tpu]'`.
+HBM per chip and roofline and the step's roofline, as `launch.compile` reports them (the
+same Python API: `aot.analysis.analyse`; nothing is parsed from text). Compile only: runs
+on any host with `pip install -e '.[tpu]'`.
 
   .venv/bin/python bench/long_context.py                               # 8B, v5p-64 (~30 min)
   .venv/bin/python bench/long_context.py --lengths=32768 --contexts=1,2,4 --json=out.jsonl
@@ -16,8 +16,8 @@ whose KV cache (144 KiB a token) and update both matter at these lengths. The ba
 prompts x G 16 = 256 rows, half configs/qwen3_8b_16k.py's, so that the sampler's cache at
 32k still fits a v5p-64 at context 1 and the comparison reaches the longest length.
 
-Each cell is the smallest micro-batch the mesh allows, one row per batch shard (fsdp /
-context chips hold a row's sequence between them), so a longer row or a wider context axis
+Each cell is the smallest micro-batch the mesh allows, one row per batch shard (a row's
+sequence split over the context chips), so a longer row or a wider context axis
 changes the tokens each chip holds, not the number of rows. What the context axis trades:
 the update and `prepare` hold 1/context of each row's activations, but on a shared mesh
 the sampler's rows are split over fsdp chips only (its decode steps are one token; the
