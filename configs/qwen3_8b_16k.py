@@ -15,24 +15,30 @@ final answer math-verify parses. Run:
       --config.data.source="jsonl:gs://BUCKET/data/math/{split}.jsonl"
 Check it first, on any machine: python -m launch.compile --config=qwen3_8b_16k --margin=0.1
 Hardware: tpu_v5p_64 (the default), a v5p-64 slice: 32 chips of 95.74 GiB on 8 hosts.
-Mesh: fsdp 32, context 1.
+Mesh: data 2 x fsdp 16, context 1.
 
 XLA:TPU's peak per chip (launch.compile --margin=0.1, 2026-12-05, jax 0.10.2, libtpu
 0.0.42.1; README, "Compiled for TPU"), GiB of 95.74:
   program        arguments  temporaries  resident beside  peak   roofline
-  sampler           36.95       16.05           4.16      57.17   390 s
-  eval sampler       3.20       18.34          37.91      59.45   111 s (not every step)
-  prepare            0.96        3.54          40.16      44.66   16.3 s
-  policy update      2.87       16.69          38.25      57.80   40.3 s
-Step roofline 447 s, MFU bound 13.1%; 38% of HBM left at the highest peak.
+  sampler           37.91       16.80           6.06      60.77   390 s
+  eval sampler       4.16       19.11          39.81      63.08   111 s (not every step)
+  prepare            1.91        2.56          42.06      46.54   8.83 s
+  policy update      5.73       19.12          38.25      63.10   33.2 s
+Resident: the samplers' KV caches 36.0 and 2.25, Adam's moments 3.81. Step roofline 432 s,
+MFU bound 13.5%; 34% of HBM left at the highest peak.
 Why these values, from the compiler's numbers:
 - The sampler's KV cache (512 rows x 16,768 positions, 144 KiB a token) is the largest
   buffer: 36.0 GiB per chip over 32 chips, beside the bf16 weights each chip gathers for
   decoding (most of the sampler's 16 GiB of temporaries). On a v5p-32 the cache alone
   would be 72 GiB a chip, so v5p-64 is the smallest v5p slice for 512 completions.
-- Decoding is 87% of the step (390 of 447 s, bound by HBM bandwidth: every step reads the
+- Decoding is 90% of the step (390 of 432 s, bound by HBM bandwidth: every step reads the
   cache and the weights), so the update's micro-batch barely moves the step: one row per
-  chip (micro-batch 32) keeps the update's temporaries at 16.7 GiB.
+  chip (micro-batch 32) keeps the update's temporaries at 19.1 GiB.
+- data 2 x fsdp 16, not fsdp 32: with fsdp over all 32 chips XLA:TPU compiles the
+  projections as windowed einsums (loops over the weight shards adding each partial
+  product into the whole output): prepare 16.3 s and the update 40.3 s by the roofline
+  (45.0 and 111.5 TB of HBM traffic a chip), against 8.83 and 33.2 s here (8.5 and 33.1
+  TB), for 5.7 GiB more of weights and moments a chip (step 447 s against 432).
 - Context 1: on a shared mesh the sampler's rows split over fsdp only, so context 2 would
   double the cache per chip (72 GiB) while the update, which fits at one row per chip,
   needs no split (bench/long_context.py has the comparison).
@@ -85,7 +91,7 @@ def get_config(arg=None):
   if arg.runlocal:  # a tiny Qwen3 from the arch, for a CPU
     return config
   t = config.train
-  config.mesh.update(data=-1, fsdp=32, expert=1, context=1, tensor=1, topology="v5p:4x4x2")
+  config.mesh.update(data=-1, fsdp=16, expert=1, context=1, tensor=1, topology="v5p:4x4x2")
   t.prompts_per_step, t.micro_batch_size, t.logprob_chunk_size = 32, 32, 256
   DENSE.schedule(config)
   return config

@@ -16,7 +16,7 @@ from jaxrl_llm.aot import chips
 from tests import qwen3_gsm8k_config_test as dense_test
 
 # recipe -> (new tokens, mesh (data, fsdp, expert, context, tensor))
-RECIPES = {"qwen3_8b_16k": (16_384, (1, 32, 1, 1, 1)),
+RECIPES = {"qwen3_8b_16k": (16_384, (2, 16, 1, 1, 1)),
            "qwen3_8b_32k": (32_768, (2, 32, 1, 1, 1)),
            "qwen3_moe_16k": (16_384, (1, 4, 8, 1, 1))}
 
