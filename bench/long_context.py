@@ -3,7 +3,8 @@ r"""Long completions on one TPU slice: what the context axis buys, by XLA:TPU's 
 For one model on one fixed slice and one fixed batch (prompts x G rows), this compiles the
 sampler, `prepare` and the policy update of configs/qwen3_8b_16k.py's recipe (the long
 reasoning axes) at each number of new tokens, with the sequence split over `context`
-devices (`config.mesh.context`, fsdp the rest of the chips), and prints each program's peak
+devices (`config.mesh.context`; fsdp 16 as the recipe's, data the rest of the chips: the
+context axis takes the data axis' chips), and prints each program's peak
 HBM per chip and roofline and the step's roofline, as `launch.compile` reports them (the
 same Python API: `aot.analysis.analyse`; nothing is parsed from text). Compile only: runs
 on any host with `pip install -e '.[tpu]'`.
@@ -50,19 +51,21 @@ ARCHS = {"8b": config_lib.presets.load_module("qwen3_8b_gsm8k").QWEN3_8B,
 
 def cell_config(args, new_tokens: int, context: int, num_chips: int):
   """The long-reasoning recipe at `new_tokens` with the sequence over `context` devices,
-  fsdp over the rest, one row per batch shard in each micro-batch."""
+  fsdp over `args.fsdp` (at most the chips left), data over the rest, one row per batch
+  shard in each micro-batch."""
   config = config_lib.preset("qwen3_8b_16k")
-  fsdp = num_chips // context
+  fsdp = min(args.fsdp, num_chips // context)
+  data = num_chips // (fsdp * context)
   with config.unlocked():
     config.model.arch.update(ARCHS[args.model])
     config.model.arch.tie_word_embeddings = args.model != "8b"
     config.sampling.max_new_tokens = new_tokens
     config.algo.overlong.cache_len = new_tokens // 5
     config.sampling.num_samples = args.samples
-    config.mesh.update(data=1, fsdp=fsdp, expert=1, context=context, tensor=1,
+    config.mesh.update(data=data, fsdp=fsdp, expert=1, context=context, tensor=1,
                        topology=args.topology)
     t = config.train
-    t.prompts_per_step, t.micro_batch_size, t.eval_every = args.prompts, fsdp, 0
+    t.prompts_per_step, t.micro_batch_size, t.eval_every = args.prompts, data * fsdp, 0
     t.logprob_chunk_size = args.logprob_chunk
   return report.for_compiling(config)
 
@@ -133,6 +136,7 @@ def main():
   parser.add_argument("--samples", type=int, default=16, help="G")
   parser.add_argument("--lengths", default="4096,8192,16384,32768")
   parser.add_argument("--contexts", default="1,2")
+  parser.add_argument("--fsdp", type=int, default=16, help="at most (configs/qwen3_8b_16k.py)")
   parser.add_argument("--logprob_chunk", type=int, default=256)
   parser.add_argument("--margin", type=float, default=0.1)
   parser.add_argument("--json", default="", help="append each cell as a JSON line here")

@@ -29,7 +29,7 @@ MFU bound 13.5%; 34% of HBM left at the highest peak.
 Why these values, from the compiler's numbers:
 - The sampler's KV cache (512 rows x 16,768 positions, 144 KiB a token) is the largest
   buffer: 36.0 GiB per chip over 32 chips, beside the bf16 weights each chip gathers for
-  decoding (most of the sampler's 16 GiB of temporaries). On a v5p-32 the cache alone
+  decoding (most of the sampler's 16.8 GiB of temporaries). On a v5p-32 the cache alone
   would be 72 GiB a chip, so v5p-64 is the smallest v5p slice for 512 completions.
 - Decoding is 90% of the step (390 of 432 s, bound by HBM bandwidth: every step reads the
   cache and the weights), so the update's micro-batch barely moves the step: one row per
@@ -39,8 +39,8 @@ Why these values, from the compiler's numbers:
   product into the whole output): prepare 16.3 s and the update 40.3 s by the roofline
   (45.0 and 111.5 TB of HBM traffic a chip), against 8.83 and 33.2 s here (8.5 and 33.1
   TB), for 5.7 GiB more of weights and moments a chip (step 447 s against 432).
-- Context 1: on a shared mesh the sampler's rows split over fsdp only, so context 2 would
-  double the cache per chip (72 GiB) while the update, which fits at one row per chip,
+- Context 1: on a shared mesh the sampler's rows split over the batch axes (data x fsdp)
+  only, so context 2 in place of data 2 would double the cache per chip (72 GiB) while the update, which fits at one row per chip,
   needs no split (bench/long_context.py has the comparison).
 - Prompts a multiple of the 32 batch shards: the evaluator's cache (one row per prompt)
   then splits over every chip (2.25 GiB); fewer prompts than shards leave its rows on
