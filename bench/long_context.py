@@ -9,7 +9,7 @@ HBM per chip and roofline and the step's roofline, as `launch.compile` reports t
 same Python API: `aot.analysis.analyse`; nothing is parsed from text). Compile only: runs
 on any host with `pip install -e '.[tpu]'`.
 
-  .venv/bin/python bench/long_context.py                               # 8B, v5p-64 (~30 min)
+  .venv/bin/python bench/long_context.py                               # 8B, v5p-64 (~25 min)
   .venv/bin/python bench/long_context.py --lengths=32768 --contexts=1,2,4 --json=out.jsonl
 
 The model: Qwen3-8B's shapes (`--model=1.7b` for Qwen3-1.7B's), the long recipes' model,
