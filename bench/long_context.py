@@ -89,8 +89,9 @@ def compile_cell(args, new_tokens: int, context: int, devices) -> dict:
           "roofline_s": {p.name: p.roofline_s for p in result.programs},
           "flops": {p.name: p.flops for p in result.programs},
           "hbm_bytes": {p.name: p.bytes_accessed for p in result.programs},
-          "refused_by_xla": [p.name for p in result.programs if p.error is not None],
-          "step_roofline_s": result.step_roofline_s, "mfu_bound": result.mfu_bound,
+          "refused_by_xla": result.refused,
+          "step_roofline_s": None if result.refused else result.step_roofline_s,
+          "mfu_bound": None if result.refused else result.mfu_bound,
           "hbm_gib": result.chip.hbm_bytes / GIB,
           "compile_s": time.perf_counter() - start}
 

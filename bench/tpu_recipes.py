@@ -39,6 +39,13 @@ def compile_recipe(recipe: str, out_dir: str | None) -> tuple[dict, float]:
   return json.loads(lines[-1]), seconds
 
 
+def _step(result: dict) -> str:
+  """The step roofline and MFU bound cells; none where XLA:TPU refused a program."""
+  if result["step_roofline_s"] is None:
+    return "- | -"
+  return f"{result['step_roofline_s']:.3g} | {100 * result['mfu_bound']:.1f}%"
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("recipes", nargs="*", default=TPU_RECIPES)
@@ -58,7 +65,7 @@ def main():
     print(f"| {recipe} | {result['topology']} | {cell('sampler', 'turn')} | "
           f"{cell('eval_sampler')} | {cell('prepare')} | {cell('policy_update')} | "
           f"{cell('value_update')} | {100 * (1 - most / result['hbm_bytes']):.0f}% | "
-          f"{result['step_roofline_s']:.3g} | {100 * result['mfu_bound']:.1f}% | "
+          f"{_step(result)} | "
           f"{'yes' if result['fits'] else 'NO'} |", flush=True)
     print(f"  ({recipe}: compiled in {seconds:.0f} s)", file=sys.stderr)
 
