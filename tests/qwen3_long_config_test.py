@@ -2,8 +2,9 @@
 with its length and the long reasoning axes, validates on its slice's chips as its slice's
 hosts (`chips.slice_chips`, as `--dry_run` checks a recipe: no TPU or libtpu needed), its
 mesh of five axes (data, fsdp, expert, context, tensor) fills the slice, and its sharded
-shapes divide; `qwen3_8b_16k:runlocal` trains two steps on a tiny random Qwen3. Whether each fits is launch.compile's (minutes per recipe: README, "Compiled for
-TPU"; tests/aot/recipes_test.py lays each over its TPU slice's own chips)."""
+shapes divide; `qwen3_8b_16k:runlocal` trains two steps on a tiny random Qwen3. Whether
+each fits is launch.compile's (minutes per recipe: README, "Compiled for TPU";
+tests/aot/recipes_test.py lays each over its TPU slice's own chips)."""
 import json
 import math
 import os
