@@ -2,7 +2,7 @@ r"""Every TPU recipe compiled by XLA:TPU for its slice (`launch.compile`), one t
 peak HBM per chip of each program, the share of HBM left, the step's roofline and the MFU
 bound it implies. Compile only: runs on any host with `pip install -e '.[tpu]'`.
 
-  .venv/bin/python bench/tpu_recipes.py                      # every recipe (~30 min, 2 cores)
+  .venv/bin/python bench/tpu_recipes.py                      # every recipe (~45 min, 2 cores)
   .venv/bin/python bench/tpu_recipes.py qwen3_8b_gsm8k       # some
 
 Each recipe runs `python -m launch.compile --config=RECIPE --margin=0.1` in a subprocess;
@@ -39,6 +39,13 @@ def compile_recipe(recipe: str, out_dir: str | None) -> tuple[dict, float]:
   return json.loads(lines[-1]), seconds
 
 
+def _step(result: dict) -> str:
+  """The step roofline and MFU bound cells; none where XLA:TPU refused a program."""
+  if result["step_roofline_s"] is None:
+    return "- | -"
+  return f"{result['step_roofline_s']:.3g} | {100 * result['mfu_bound']:.1f}%"
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("recipes", nargs="*", default=TPU_RECIPES)
@@ -58,7 +65,7 @@ def main():
     print(f"| {recipe} | {result['topology']} | {cell('sampler', 'turn')} | "
           f"{cell('eval_sampler')} | {cell('prepare')} | {cell('policy_update')} | "
           f"{cell('value_update')} | {100 * (1 - most / result['hbm_bytes']):.0f}% | "
-          f"{result['step_roofline_s']:.3g} | {100 * result['mfu_bound']:.1f}% | "
+          f"{_step(result)} | "
           f"{'yes' if result['fits'] else 'NO'} |", flush=True)
     print(f"  ({recipe}: compiled in {seconds:.0f} s)", file=sys.stderr)
 

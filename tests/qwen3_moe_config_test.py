@@ -36,7 +36,8 @@ class Qwen3MoeConfigTest(absltest.TestCase):
                          env=dict(os.environ, JAX_PLATFORMS="cpu",
                                   XLA_FLAGS="--xla_force_host_platform_device_count=32"))
     self.assertEqual(run.returncode, 0, run.stderr[-3000:])
-    self.assertEqual(run.stdout.split(), ["1", "4", "8", "1", "1"])  # data, fsdp, expert, context, tensor
+    # data, fsdp, expert, context, tensor
+    self.assertEqual(run.stdout.split(), ["1", "4", "8", "1", "1"])
     config = qwen3_moe_gsm8k.get_config()
     a, shards = config.model.arch, 1 * 4 * 8
     self.assertEqual(a.num_experts % 8, 0)  # 'expert' -> expert

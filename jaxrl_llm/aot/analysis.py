@@ -20,6 +20,7 @@ is the step's model FLOPs (`training.flops`) over that time at the peak of every
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import jax
@@ -82,7 +83,15 @@ class StepReport:
     return all(self.fits(p) for p in self.programs)
 
   @property
+  def refused(self) -> list[str]:
+    """The programs XLA:TPU refused to compile (out of HBM): they have no time."""
+    return [p.name for p in self.programs if p.error is not None]
+
+  @property
   def step_roofline_s(self) -> float:
+    """The step's roofline; NaN when a program was refused (its time is unknown, not 0)."""
+    if self.refused:
+      return math.nan
     time = {}
     for p in self.programs:
       time[p.placement] = time.get(p.placement, 0.0) + p.roofline_s * p.calls_per_step
@@ -99,7 +108,8 @@ class StepReport:
             "programs": {p.name: {"peak_bytes": p.peak_bytes, "temp_bytes": p.temp_bytes,
                                   "flops": p.flops, "bytes_accessed": p.bytes_accessed,
                                   "roofline_s": p.roofline_s} for p in self.programs},
-            "step_roofline_s": self.step_roofline_s, "mfu_bound": self.mfu_bound,
+            "step_roofline_s": None if self.refused else self.step_roofline_s,
+            "mfu_bound": None if self.refused else self.mfu_bound,
             "fits": self.all_fit}
 
 

@@ -65,6 +65,10 @@ def text(result: analysis.StepReport, config, where: str) -> str:
                  + (f"; kernels: {', '.join(p.kernels)}" if p.kernels else ""))
   runs = [p for p in result.programs if p.calls_per_step]
   parts = " + ".join(f"{p.name} {p.calls_per_step:g} x {p.roofline_s:.3g} s" for p in runs)
+  if result.refused:
+    refused = ", ".join(result.refused)
+    return "\n".join(lines + ["", f"step: no roofline, XLA:TPU refused {refused} (out of HBM: "
+                                "its time is unknown)"])
   lines += ["", f"step: {parts} = {result.step_roofline_s:.3g} s"
             + (" (the sampler's chips overlap the trainer's)" if result.overlapped else "")
             + f" -> MFU bound {100 * result.mfu_bound:.1f}% (a roofline bound from the "
