@@ -20,9 +20,9 @@ prompts x G 16 = 256 rows, half configs/qwen3_8b_16k.py's, so that the sampler's
 Each cell is the smallest micro-batch the mesh allows, one row per batch shard (a row's
 sequence split over the context chips), so a longer row or a wider context axis
 changes the tokens each chip holds, not the number of rows. What the context axis trades:
-the update and `prepare` hold 1/context of each row's activations, but on a shared mesh
-the sampler's rows are split over fsdp chips only (its decode steps are one token; the
-context chips repeat its rows), so its KV cache per chip grows by the context factor.
+the update and `prepare` hold 1/context of each row's activations (each sequence padded to
+whole 128-token splash blocks per piece); the sampler's rows split over the context chips
+as over the data chips (`sharding.sampling_rules`), so it is the same program either way.
 The evaluator's sampler is left out (`train.eval_every=0`): it is the sampler's program at
 1/G of the rows.
 """

@@ -39,9 +39,9 @@ Why these values, from the compiler's numbers:
   product into the whole output): prepare 16.3 s and the update 40.3 s by the roofline
   (45.0 and 111.5 TB of HBM traffic a chip), against 8.83 and 33.2 s here (8.5 and 33.1
   TB), for 5.7 GiB more of weights and moments a chip (step 447 s against 432).
-- Context 1: on a shared mesh the sampler's rows split over the batch axes (data x fsdp)
-  only, so context 2 in place of data 2 would double the cache per chip (72 GiB) while the update, which fits at one row per chip,
-  needs no split (bench/long_context.py has the comparison).
+- Context 1: the update fits at one row per chip, and context 2 in place of data 2 gives
+  the same step roofline (bench/long_context.py: within 1% at every length up to 32k; it
+  lowers the update's peak, which this length does not need).
 - Prompts a multiple of the 32 batch shards: the evaluator's cache (one row per prompt)
   then splits over every chip (2.25 GiB); fewer prompts than shards leave its rows on
   fewer chips (configs/qwen3_8b_32k.py).

@@ -30,8 +30,9 @@ Why these values, from the compiler's numbers:
   alone: 72.0 GiB a chip, every program over HBM (peaks 114 to 143 GiB). 64 prompts put
   one row on each chip (4.50 GiB).
 - The update at one row per chip (micro-batch 64) holds 31.9 GiB of temporaries and peaks
-  at 75.3 GiB: it fits without the context axis, which would double the sampler's cache
-  per chip on this shared mesh (bench/long_context.py). Decoding is 95% of the step.
+  at 75.3 GiB: it fits without the context axis (context 2 in place of data 2 lowers the
+  update's peak at the same step roofline, bench/long_context.py: the setting to take if a
+  longer prompt or a larger batch no longer fits). Decoding is 95% of the step.
 Expected result: not measured (no accelerator and no Qwen3-8B weights here).
 """
 from jaxrl_llm import config as config_lib

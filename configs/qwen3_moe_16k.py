@@ -31,8 +31,9 @@ Why these values, from the compiler's numbers:
   the 32 batch shards allow) holds 34.2 GiB of temporaries for its 16,768 tokens a chip
   (the 8B's update holds 16.7 at the same tokens: the dropless expert buffers).
 - Its KV cache is 2/3 of the 8B's a token (48 layers x 4 KV heads against 36 x 8): 24.0
-  GiB a chip. Context 2 would halve the update's activations but double that cache (the
-  sampler's rows split over fsdp x expert only), so context stays 1.
+  GiB a chip. Context 2 would halve the update's activations at a step roofline within 1%
+  of context 1's (bench/long_context.py, for 8B); the update fits without it, so context
+  stays 1.
 - Decoding is 84% of the step (430 of 511 s), bound by HBM bandwidth, so the update's
   settings barely move the step.
 Expected result: not measured (no accelerator and no Qwen3-MoE weights here).

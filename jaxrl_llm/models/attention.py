@@ -80,6 +80,14 @@ def resolve(impl: str, *, where: str, dtype, head_dim: int, length: int,
   return "xla" if length <= block else "blockwise"
 
 
+def sequence_multiple(mesh, rules) -> int:
+  """What a sequence split over the context devices is padded to a multiple of: the pieces
+  the 'seq' rule cuts it into (`sh.seq_shards`), on a TPU each of whole 128-token blocks,
+  so that 'auto' runs splash attention per piece rather than blockwise."""
+  c = sh.seq_shards(mesh, rules) if mesh is not None and rules is not None else 1
+  return c * 128 if c > 1 and platform.of(mesh) == "tpu" else c
+
+
 def causal_attention(q_BTKGd, k_BTKd, v_BTKd, valid_BT, *, impl: str = "auto", mesh=None,
                      rules=None, block: int = BLOCK):
   """Causal grouped-query self-attention of T tokens; returns [B, T, K, G, d] (q's dtype).

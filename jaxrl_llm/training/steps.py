@@ -26,8 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_llm import models, objectives
-from jaxrl_llm import sharding as sh
-from jaxrl_llm.models import lora, moe
+from jaxrl_llm.models import attention, lora, moe
 from jaxrl_llm.training.rollouts.train_batch import TrainBatch
 from jaxrl_llm.training.state import TrainState
 
@@ -45,11 +44,12 @@ def _completion_hidden(model: models.Model, batch, replay: bool = False, dropout
   of the LoRA adapters' dropout (None: none).
 
   With context parallelism the sequence is padded at its end to a multiple of the pieces
-  the 'seq' rule cuts it into (`sh.seq_shards`), so that any length is split over the
-  context devices: masked tokens after every real one, which causal attention never lets
-  a real token see; their states and routing are dropped."""
+  the 'seq' rule cuts it into (`attention.sequence_multiple`: on a TPU, of 128 tokens
+  each), so that any length is split over the context devices: masked tokens after every
+  real one, which causal attention never lets a real token see; their states and routing
+  are dropped."""
   S0, T = completion_split(batch)[0], batch.tokens.shape[1]
-  pad = -T % sh.seq_shards(model.mesh, model.rules)
+  pad = -T % attention.sequence_multiple(model.mesh, model.rules)
   at_end = lambda x, fill=0: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2),
                                      constant_values=fill)
   tokens, mask = at_end(batch.tokens), at_end(batch.attention_mask)

@@ -5,16 +5,20 @@ mixed lengths, a sequence the context size does not divide included; a GRPO run 
 metrics of context=1; and a mesh the context size does not fit is refused by name."""
 from __future__ import annotations
 
+import importlib.util
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
+from jax.experimental import topologies
 
 from configs import grpo_arithmetic, smoke
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import models, training
 from jaxrl_llm import sharding as sh
+from jaxrl_llm.models import attention
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.sampling.sampler import Sampler
 from jaxrl_llm.sampling.settings import SamplingSettings
@@ -103,6 +107,19 @@ class ContextParallelTest(parameterized.TestCase):
     self.assertEqual(sh.seq_shards(None, None), 1)
     self.assertEqual(sh.logical_to_spec((sh.BATCH, sh.SEQ), (4, 6), mesh, sh.DEFAULT_RULES),
                      jax.sharding.PartitionSpec("fsdp", None))  # 6 does not split: whole
+    self.assertEqual(attention.sequence_multiple(mesh, sh.DEFAULT_RULES), 4)
+
+  @absltest.skipUnless(importlib.util.find_spec("libtpu"), "needs the TPU compiler")
+  def test_a_tpu_pads_each_context_piece_to_whole_splash_blocks(self):
+    """On a TPU each piece is padded to 128-token blocks, so 'auto' runs splash per piece
+    (a 4,480-token row over 2 pieces of 2,240 would fall back to blockwise)."""
+    chips = topologies.get_topology_desc(platform="tpu", topology_name="v5p:2x2x1").devices
+    mesh = sh.make_mesh(dict(data=2, fsdp=1, context=2, tensor=1), list(chips))
+    unit = attention.sequence_multiple(mesh, sh.DEFAULT_RULES)
+    self.assertEqual(unit, 256)
+    T = 4480 + -4480 % unit
+    self.assertEqual(attention.resolve("auto", where="tpu", dtype=jnp.bfloat16, head_dim=128,
+                                       length=T, seq_shards=2), "splash")
 
 
 class ContextConfigTest(absltest.TestCase):

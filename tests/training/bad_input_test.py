@@ -36,7 +36,7 @@ def small_config():
 def run_train(flags):
   """`python -m launch.train FLAGS` in the repository, on the CPU."""
   return subprocess.run([sys.executable, "-m", "launch.train", *flags], cwd=REPO,
-                        capture_output=True, text=True, timeout=120,
+                        capture_output=True, text=True, timeout=600,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
