@@ -286,8 +286,11 @@ class LayerLoopTest(parameterized.TestCase):
   def test_generate_keeps_a_bounded_cache_that_frees(self):
     _, model = _model()
     sampling.free_generate_cache()
-    for n in range(sampling.GENERATE_CACHE_SIZE + 2):  # as many different settings
-      sampling.generate(model, _prompts(0, (3,)), num_samples=1, max_new_tokens=2 + n)
+    sampling.generate(model, _prompts(0, (3,)), num_samples=1, max_new_tokens=2)
+    self.assertEqual(sampling.sampler._sampler.cache_info().currsize, 1)  # generate keeps it
+    for n in range(sampling.GENERATE_CACHE_SIZE + 1):  # more settings than it keeps (the
+      # samplers `generate` would make for them, without compiling each)
+      sampling.sampler._sampler(sampling.settings.SamplingSettings(1, max_new_tokens=3 + n))
     kept = sampling.sampler._sampler.cache_info().currsize
     self.assertEqual(kept, sampling.GENERATE_CACHE_SIZE)
     sampling.free_generate_cache()
