@@ -58,6 +58,21 @@ def write_gsm8k_records(data_dir: str) -> str:
   return data_dir
 
 
+def train_runlocal(test: absltest.TestCase, config, model_path: str) -> list[dict]:
+  """Trains a recipe's `runlocal` variant on `model_path` and a few GSM8K records written by
+  `write_gsm8k_records`; every logged metrics row, each asserted to have a finite loss."""
+  data_dir = write_gsm8k_records(test.create_tempdir().full_path)
+  config.model.path = model_path
+  config.data.source = f"jsonl:{data_dir}/{{split}}.jsonl"
+  workdir = test.create_tempdir().full_path
+  training.train(config, workdir)
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  for row in rows:
+    test.assertTrue(math.isfinite(row["loss"]), row)
+  return rows
+
+
 def validate(arg: str, model_path: str, num_devices: int, num_processes: int):
   """config.validate on the first `num_devices` devices as `num_processes` hosts; the mesh."""
   config = qwen3_gsm8k.get_config(arg)
@@ -149,17 +164,9 @@ class Qwen3Gsm8kConfigTest(parameterized.TestCase):
 
   def test_runlocal_trains_on_a_tiny_qwen3(self):
     """Chat template, bf16, remat, GSM8K records and reward: two steps, end to end."""
-    data_dir = write_gsm8k_records(self.create_tempdir().full_path)
-    config = qwen3_gsm8k.get_config("runlocal")
-    config.model.path = self.model
-    config.data.source = f"jsonl:{data_dir}/{{split}}.jsonl"
-    workdir = self.create_tempdir().full_path
-    training.train(config, workdir)
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-      rows = [json.loads(line) for line in f]
+    rows = train_runlocal(self, qwen3_gsm8k.get_config("runlocal"), self.model)
     self.assertEqual([r["step"] for r in rows], [1, 2])
     for row in rows:
-      self.assertTrue(math.isfinite(row["loss"]), row)
       self.assertIn("reward/gsm8k_exact", " ".join(row))
 
 

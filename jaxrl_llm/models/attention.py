@@ -84,8 +84,16 @@ def sequence_multiple(mesh, rules) -> int:
   """What a sequence split over the context devices is padded to a multiple of: the pieces
   the 'seq' rule cuts it into (`sh.seq_shards`), on a TPU each of whole 128-token blocks,
   so that 'auto' runs splash attention per piece rather than blockwise."""
-  c = sh.seq_shards(mesh, rules) if mesh is not None and rules is not None else 1
+  c = sh.seq_shards(mesh, rules)
   return c * 128 if c > 1 and platform.of(mesh) == "tpu" else c
+
+
+def _context_pieces(T: int, mesh, rules) -> int:
+  """The pieces a T-token sequence is cut into over the context devices: the 'seq' rule's
+  (`sh.seq_shards`), or 1 for a length it does not divide (it stays whole on each device,
+  as `sh.logical_to_spec` places it)."""
+  c = sh.seq_shards(mesh, rules)
+  return c if T % c == 0 else 1
 
 
 def causal_attention(q_BTKGd, k_BTKd, v_BTKd, valid_BT, *, impl: str = "auto", mesh=None,
@@ -100,9 +108,9 @@ def causal_attention(q_BTKGd, k_BTKd, v_BTKd, valid_BT, *, impl: str = "auto", m
     block: key slots per block of the blockwise kernel.
   """
   T, dt, d = q_BTKGd.shape[1], q_BTKGd.dtype, q_BTKGd.shape[-1]
-  c = sh.seq_shards(mesh, rules) if mesh is not None and rules is not None else 1
   impl = resolve(impl, where=platform.of(mesh), capability=platform.compute_capability(mesh),
-                 dtype=dt, head_dim=d, length=T, block=block, seq_shards=c if T % c == 0 else 1)
+                 dtype=dt, head_dim=d, length=T, block=block,
+                 seq_shards=_context_pieces(T, mesh, rules))
   if impl == "xla":
     return _xla(q_BTKGd, k_BTKd, v_BTKd, valid_BT)
   if impl == "blockwise":
@@ -262,9 +270,7 @@ def _splash(q_BTKGd, k_BSKd, v_BSKd, valid_BS, mesh, rules):
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
   B, T, K, G, d = q_BTKGd.shape
-  sharded = mesh is not None and rules is not None
-  c = sh.seq_shards(mesh, rules) if sharded else 1
-  c = c if T % c == 0 else 1  # a length the rule cannot cut stays whole (`logical_to_spec`)
+  c = _context_pieces(T, mesh, rules)
   if (T // c) % 128:
     raise ValueError(f"attention='splash' needs a sequence length that is a multiple of 128 "
                      f"per context shard (x{c}), got {T}; use 'auto' or 'blockwise'")
@@ -287,7 +293,7 @@ def _splash(q_BTKGd, k_BSKd, v_BSKd, valid_BS, mesh, rules):
     out_BKGtd = jax.vmap(per_head)(q_BKGtd, k_BKSd, v_BKSd, valid_Bt, valid_BS)
     return out_BKGtd.transpose(0, 3, 1, 2, 4).astype(q_BtKGd.dtype)
 
-  if not sharded:
+  if mesh is None or rules is None:
     return one_device(kernel, q_BTKGd, k_BSKd, v_BSKd, valid_BS, valid_BS)
   spec = lambda names, x: sh.logical_to_spec(names, x.shape, mesh, rules)
   q_spec = spec((sh.BATCH, sh.SEQ, sh.KV_HEADS, None, None), q_BTKGd)
