@@ -8,7 +8,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 TEST_STAMP := $(VENV)/.test-installed
 DEMO_DIR ?= workdir/demo
 
-.PHONY: demo test install figures clean
+.PHONY: demo test coverage install figures clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,14 @@ demo: $(DEMO_STAMP)
 # 25 slowest tests are listed at the end (what to trim when the suite grows).
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
+
+# The suite under coverage.py (.coveragerc: jaxrl_llm/ and launch/, subprocesses included):
+# the per-file table and the total.
+coverage: $(TEST_STAMP)
+	rm -f .coverage .coverage.*
+	$(PY) -m pytest -q -n 2 --dist loadfile --cov --cov-report= tests
+	$(PY) -m coverage combine --append -q
+	$(PY) -m coverage report
 
 # Reruns the runs behind README's recorded figures (make demo's, the notebook's, the agent
 # demo's, the MoE demo's; about half an hour on 2 CPU cores) and rewrites them there, dated.

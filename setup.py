@@ -60,7 +60,9 @@ setuptools.setup(
         # torch is pinned: 2.13.0 is a CPU wheel on our CI machines; parity tests only.
         # pytest-xdist: `make test` runs the suite in two worker processes (one per core).
         # peft: the LoRA exports are loaded with PEFT in tests/models/lora_test.py.
-        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "peft", "tensorflow-datasets", "importlib_resources",
+        "test": ["pytest", "pytest-xdist", "torch==2.13.0",
+                 # make coverage: coverage.py >= 7.10 measures subprocesses (`patch = subprocess`)
+                 "coverage>=7.10", "pytest-cov", "peft", "tensorflow-datasets", "importlib_resources",
                  "matplotlib",
                  # tests/colabs_test.py runs colabs/; ipywidgets: tqdm's notebook bar, as in Colab
                  "nbclient", "nbformat", "ipykernel", "ipywidgets",
