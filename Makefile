@@ -30,16 +30,25 @@ demo: $(DEMO_STAMP)
 	rm -rf $(DEMO_DIR)
 	JAX_PLATFORMS=cpu $(PY) -m launch.demo --workdir=$(DEMO_DIR)
 
-# Two workers, each taking whole files (module-level set-up is shared within a file); the
-# 25 slowest tests are listed at the end (what to trim when the suite grows).
+# Every test, in two sessions (docs/testing.md): the tests marked `mesh` on 8 CPU devices,
+# then all others on 1. Each session has two workers (one per core), each taking whole files
+# (module-level set-up is shared within a file), the longest first (tests/budget.py). The
+# last listing is the budget: any test over 30 s or file over 90 s, and why it must be.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+BUDGET := .pytest_cache/budget
+SESSIONS = status=0; rm -rf $(BUDGET); \
+	JAXRL_TEST_BUDGET=$(BUDGET) JAXRL_TEST_DEVICES=8 $(PYTEST) $(1) -m mesh tests || status=$$?; \
+	JAXRL_TEST_BUDGET=$(BUDGET) JAXRL_TEST_DEVICES=1 $(PYTEST) $(2) -m "not mesh" tests || status=$$?; \
+	exit $$status
+
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
+	@$(call SESSIONS,,)
 
 # The suite under coverage.py (.coveragerc: jaxrl_llm/ and launch/, subprocesses included):
 # the per-file table and the total.
 coverage: $(TEST_STAMP)
 	rm -f .coverage .coverage.*
-	$(PY) -m pytest -q -n 2 --dist loadfile --cov --cov-report= tests
+	-@$(call SESSIONS,--cov --cov-report=,--cov --cov-append --cov-report=)
 	$(PY) -m coverage combine --append -q
 	$(PY) -m coverage report
 

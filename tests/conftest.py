@@ -1,14 +1,24 @@
-"""Test set-up: 8 fake CPU devices so mesh and sharding tests run anywhere, and one XLA
-compilation cache for the session (a fresh temporary folder, removed at exit): a run and
-its resume, or the same small config in several tests and in the subprocesses they start
-(which inherit the environment), compile each program once."""
+"""Test set-up (docs/testing.md):
+
+- CPU devices: 8 fake ones (`JAXRL_TEST_DEVICES`, default 8), so mesh and sharding tests
+  run anywhere. `make test` runs the tests marked `mesh` (they need the 8-device mesh) with
+  8, and all others with 1: a program over 8 devices on 2 cores compiles and runs slower.
+- XLA's cheapest compiles (`JAX_DISABLE_MOST_OPTIMIZATIONS`: no LLVM optimisation): the
+  tests' tiny programs cost far more to compile than to run.
+- One XLA compilation cache for the session (a fresh temporary folder, removed at exit): a
+  run and its resume, or the same small config in several tests and in the subprocesses
+  they start (which inherit the environment), compile each program once.
+- The suite's time budget (tests/budget.py).
+"""
 import atexit
 import os
 import shutil
 import tempfile
 
 # Must happen before jax initialises its backends.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+DEVICES = int(os.environ.setdefault("JAXRL_TEST_DEVICES", "8"))
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={DEVICES}")
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -19,6 +29,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # pytest-xdist's workers inhe
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
+
+pytest_plugins = ["tests.budget"]
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -26,3 +39,14 @@ from absl import flags  # noqa: E402
 
 # absltest helpers (create_tempdir, ...) read absl flags; pytest never parses them.
 flags.FLAGS.mark_as_parsed()
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "mesh: needs the 8-device CPU mesh (make test runs it "
+                          "with JAXRL_TEST_DEVICES=8, all other tests with 1)")
+
+
+def pytest_runtest_setup(item):
+  if item.get_closest_marker("mesh") and jax.device_count() < 8:
+    pytest.skip(f"needs the 8-device mesh; this session has {jax.device_count()} "
+                "(JAXRL_TEST_DEVICES=8)")
