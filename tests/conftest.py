@@ -44,6 +44,23 @@ flags.FLAGS.mark_as_parsed()
 def pytest_configure(config):
   config.addinivalue_line("markers", "mesh: needs the 8-device CPU mesh (make test runs it "
                           "with JAXRL_TEST_DEVICES=8, all other tests with 1)")
+  config.addinivalue_line("markers", "optimized: compiles with XLA's optimisations (a test "
+                          "whose programs run long enough to pay for them)")
+
+
+@pytest.fixture(autouse=True)
+def _xla_optimizations(request):
+  """`@pytest.mark.optimized`: this test's programs compile with XLA's optimisations (its
+  subprocesses: pass JAX_DISABLE_MOST_OPTIMIZATIONS=0 in their environment)."""
+  if request.node.get_closest_marker("optimized") is None:
+    yield
+    return
+  before = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_disable_most_optimizations", before)
 
 
 def pytest_runtest_setup(item):
