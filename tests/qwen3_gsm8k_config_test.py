@@ -14,6 +14,7 @@ import sys
 from unittest import mock
 
 import jax
+import pytest
 from absl.testing import absltest, parameterized
 
 from configs import qwen3_gsm8k
@@ -108,6 +109,7 @@ class Qwen3Gsm8kConfigTest(parameterized.TestCase):
     cls.model = tiny_qwen3(os.path.join(absltest.get_default_test_tmpdir(), "tiny_qwen3"))
 
   @parameterized.product(hardware=sorted(HARDWARE), size=qwen3_gsm8k.SIZES)
+  @pytest.mark.mesh
   def test_validates_on_its_devices(self, hardware, size):
     num_devices, num_processes, meshes = HARDWARE[hardware]
     config, mesh_shape = validate(f"{hardware},size={size}", self.model, num_devices,

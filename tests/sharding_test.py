@@ -3,12 +3,15 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxrl_llm import models
 from jaxrl_llm import sharding as sh
 from tests import hf_testing
+
+pytestmark = pytest.mark.mesh  # every test here builds or counts the 8-device mesh
 
 MESH_222 = dict(data=2, fsdp=2, tensor=2)
 # Sizes the 2x2x2 mesh divides, so every rule really shards.
@@ -88,6 +91,8 @@ class ShardedModelTest(absltest.TestCase):
     import tempfile
     cls.path = hf_testing.save_hf_model(cls.hf, tempfile.mkdtemp())
     cls.mesh = sh.make_mesh(MESH_222)
+    cls.plain = models.from_pretrained(cls.path)
+    cls.sharded = models.from_pretrained(cls.path, mesh=cls.mesh)
 
   def _assert_sharded(self, model):
     layers = model.params["layers"]
@@ -103,8 +108,7 @@ class ShardedModelTest(absltest.TestCase):
     self.assertEqual(gate_up.sharding.spec, P(None, "fsdp", None, "tensor"))
 
   def test_loaded_parameters_are_sharded_and_forward_matches(self):
-    plain = models.from_pretrained(self.path)
-    sharded = models.from_pretrained(self.path, mesh=self.mesh)
+    plain, sharded = self.plain, self.sharded
     self._assert_sharded(sharded)
     ids = np.random.RandomState(0).randint(3, 128, (8, 12))
     mask = np.ones_like(ids)
@@ -119,7 +123,7 @@ class ShardedModelTest(absltest.TestCase):
                                hf_testing.hf_logits(self.hf, ids, mask)[mask == 1], atol=1e-4, rtol=0)
 
   def test_random_init_is_born_sharded(self):
-    cfg = models.from_pretrained(self.path).config
+    cfg = self.plain.config
     model = models.init(cfg, jax.random.key(0), mesh=self.mesh)
     self._assert_sharded(model)
     plain = models.init(cfg, jax.random.key(0))
@@ -127,7 +131,7 @@ class ShardedModelTest(absltest.TestCase):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-7)
 
   def test_policy_reference_and_value_on_one_mesh(self):
-    policy = models.from_pretrained(self.path, mesh=self.mesh)
+    policy = self.sharded
     reference = models.from_pretrained(self.path, mesh=self.mesh)
     value = models.value_model(policy)
     for m in (policy, reference, value):

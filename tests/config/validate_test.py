@@ -6,6 +6,7 @@ import os
 import re
 
 import jax
+import pytest
 from absl.testing import absltest, parameterized
 
 from configs import smoke
@@ -82,6 +83,7 @@ class ValidateTest(parameterized.TestCase):
     self.assert_refused(config_lib.preset("opd:runlocal"), "config.teacher.path is required by "
                         "this preset: set it, e.g. --config.teacher.path=...")
 
+  @pytest.mark.mesh
   def test_the_mesh_against_the_devices_given(self):
     config = smoke.get_config()
     config.mesh.update(data=-1, fsdp=16)

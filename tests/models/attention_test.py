@@ -4,6 +4,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest, parameterized
 
 from jaxrl_llm import sharding as sh
@@ -31,31 +32,49 @@ def _loss(impl, valid, block=attention.BLOCK, **kw):
   return loss
 
 
+# Jitted: one program per kernel and setting, rather than one per operation (eager).
+_attend = jax.jit(attention.causal_attention, static_argnames=("impl", "mesh", "rules", "block"))
+
+
+def _grads(impl, valid, block=attention.BLOCK, argnums=(0, 1, 2), **kw):
+  """The gradient function of `_loss`, jitted."""
+  return jax.jit(jax.grad(_loss(impl, valid, block, **kw), argnums=argnums))
+
+
+@functools.cache
+def _xla_reference():
+  """The plain attention's outputs and gradients on the default `_inputs()` (the `block`
+  of `_loss` is the blockwise kernel's: the xla one's loss is the same for any)."""
+  q, k, v, valid = _inputs()
+  return _attend(q, k, v, valid, impl="xla"), _grads("xla", valid)(q, k, v)
+
+
 class CausalAttentionTest(parameterized.TestCase):
 
   @parameterized.parameters(16, 40, 96, 512)  # blocks that divide T, do not, or exceed it
   def test_blockwise_matches_xla_values_and_gradients(self, block):
     q, k, v, valid = _inputs()
-    want = attention.causal_attention(q, k, v, valid, impl="xla")
-    got = attention.causal_attention(q, k, v, valid, impl="blockwise", block=block)
+    want, g_want = _xla_reference()
+    got = _attend(q, k, v, valid, impl="blockwise", block=block)
     # Every query, padding ones included (uniform weights over the sequence in both).
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
-    grads = lambda impl: jax.grad(_loss(impl, valid, block), argnums=(0, 1, 2))(q, k, v)
-    for g_got, g_want in zip(grads("blockwise"), grads("xla")):
-      np.testing.assert_allclose(g_got, g_want, atol=2e-5, rtol=0)
+    g_got = _grads("blockwise", valid, block)(q, k, v)
+    for a, b in zip(g_got, g_want):
+      np.testing.assert_allclose(a, b, atol=2e-5, rtol=0)
 
   def test_blockwise_bfloat16_within_bf16_rounding(self):
     q, k, v, valid = _inputs(dtype=jnp.bfloat16)
-    exact = attention.causal_attention(*(x.astype(jnp.float32) for x in (q, k, v)), valid, impl="xla")
+    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+    exact = _attend(q32, k32, v32, valid, impl="xla")
     real = np.asarray(valid, bool)
-    err = lambda impl: float(jnp.abs(attention.causal_attention(
+    err = lambda impl: float(jnp.abs(_attend(
         q, k, v, valid, impl=impl, block=32).astype(jnp.float32) - exact)[real].max())
-    self.assertEqual(attention.causal_attention(q, k, v, valid, impl="blockwise").dtype, jnp.bfloat16)
+    self.assertEqual(_attend(q, k, v, valid, impl="blockwise").dtype, jnp.bfloat16)
     # Both round the probabilities and the output to bf16 (8 mantissa bits): errors alike.
     self.assertLess(err("blockwise"), 2 * err("xla") + 1e-2)
-    g_exact = jax.grad(_loss("xla", valid), argnums=0)(*(x.astype(jnp.float32) for x in (q, k, v)))
-    g_block = jax.grad(_loss("blockwise", valid, 32), argnums=0)(q, k, v).astype(jnp.float32)
-    g_xla = jax.grad(_loss("xla", valid), argnums=0)(q, k, v).astype(jnp.float32)
+    g_exact = _grads("xla", valid, argnums=0)(q32, k32, v32)
+    g_block = _grads("blockwise", valid, 32, argnums=0)(q, k, v).astype(jnp.float32)
+    g_xla = _grads("xla", valid, argnums=0)(q, k, v).astype(jnp.float32)
     self.assertLess(float(jnp.abs(g_block - g_exact).max()),
                     2 * float(jnp.abs(g_xla - g_exact).max()) + 2e-2)
 
@@ -75,10 +94,12 @@ class CausalAttentionTest(parameterized.TestCase):
     """The arguments handed to cuDNN (mask + is_causal), run by jax's reference implementation."""
     q, k, v, valid = _inputs(dtype=jnp.bfloat16, T=64)
     real = np.asarray(valid, bool)
-    want = attention.causal_attention(q, k, v, valid, impl="xla").astype(jnp.float32)
-    got = attention._cudnn(q, k, v, valid, implementation="xla").astype(jnp.float32)
+    want = _attend(q, k, v, valid, impl="xla").astype(jnp.float32)
+    got = jax.jit(functools.partial(attention._cudnn, implementation="xla"))(
+        q, k, v, valid).astype(jnp.float32)
     np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-2, rtol=0)
 
+  @pytest.mark.mesh
   def test_splash_kernel_matches_xla(self):
     """The TPU Pallas kernel, run by the Pallas interpreter on this CPU, sharded over a mesh."""
     q, k, v, valid = _inputs(T=128, d=64)
@@ -86,16 +107,17 @@ class CausalAttentionTest(parameterized.TestCase):
     mesh = sh.make_mesh(dict(data=2, fsdp=1, tensor=2), jax.devices()[:4])
     got = jax.jit(functools.partial(attention.causal_attention, impl="splash", mesh=mesh,
                                     rules=sh.DEFAULT_RULES))(q, k, v, valid)
-    want = attention.causal_attention(q, k, v, valid, impl="xla")
+    want = _attend(q, k, v, valid, impl="xla")
     np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-6, rtol=0)
-    g_got = jax.grad(_loss("splash", valid), argnums=(0, 1, 2))(q, k, v)
-    g_want = jax.grad(_loss("xla", valid), argnums=(0, 1, 2))(q, k, v)
+    g_got = _grads("splash", valid)(q, k, v)
+    g_want = _grads("xla", valid)(q, k, v)
     for a, b in zip(g_got, g_want):
       np.testing.assert_allclose(a, b, atol=5e-5, rtol=0)
     with self.assertRaisesRegex(ValueError, "multiple of 128"):
       attention.causal_attention(*_inputs(T=96)[:4], impl="splash")
 
   @parameterized.parameters((2, 256), (4, 512))
+  @pytest.mark.mesh
   def test_splash_per_context_block_matches_xla(self, context, T):
     """With the sequence cut over a context axis, each device runs the kernel on its own
     block of queries (T / context of them) against the gathered keys: values and gradients
@@ -110,12 +132,11 @@ class CausalAttentionTest(parameterized.TestCase):
                      if e.primitive.name == "shard_map"
                      for x in e.params["jaxpr"].invars if x.aval.ndim == 5]
     self.assertEqual(local_queries, [(2, T // context, 1, 2, 64)])  # kv heads over tensor 2
-    want = attention.causal_attention(q, k, v, valid, impl="xla")
+    want = _attend(q, k, v, valid, impl="xla")
     np.testing.assert_allclose(np.asarray(jax.jit(splash)(q, k, v, valid))[real],
                                np.asarray(want)[real], atol=2e-6, rtol=0)
-    g_got = jax.grad(_loss("splash", valid, mesh=mesh, rules=sh.DEFAULT_RULES),
-                     argnums=(0, 1, 2))(q, k, v)
-    g_want = jax.grad(_loss("xla", valid), argnums=(0, 1, 2))(q, k, v)
+    g_got = _grads("splash", valid, mesh=mesh, rules=sh.DEFAULT_RULES)(q, k, v)
+    g_want = _grads("xla", valid)(q, k, v)
     for a, b in zip(g_got, g_want):
       np.testing.assert_allclose(a, b, atol=5e-5, rtol=0)
     with self.assertRaisesRegex(ValueError, r"multiple of 128 per context shard \(x2\)"):

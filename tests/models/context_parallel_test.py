@@ -55,14 +55,24 @@ def _logp_grads(model, batch):
   return jax.grad(loss)(model.params)
 
 
+PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14], [15, 16], [17], [18, 19, 20], [21]]
+
+
+def _settings(engine):
+  return SamplingSettings(num_samples=2, max_new_tokens=6, temperature=1.0, engine=engine,
+                          slots=8)
+
+
 class ContextParallelTest(parameterized.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
     cls.model = models.init(CFG, jax.random.key(0))  # one device, no mesh
+    cls.one_device_samples = {}  # engine: the one-device sampler's output (both meshes')
 
   @parameterized.named_parameters((name, name) for name in MESHES)
+  @pytest.mark.mesh
   def test_logits_equal_one_device(self, mesh_name):
     tokens, mask = _rows([16, 11, 7, 3], 16)
     mesh = sh.make_mesh(MESHES[mesh_name])
@@ -71,6 +81,7 @@ class ContextParallelTest(parameterized.TestCase):
     np.testing.assert_allclose(got, _logits(self.model, tokens, mask), rtol=1e-5, atol=1e-5)
 
   @parameterized.named_parameters((name, name) for name in MESHES)
+  @pytest.mark.mesh
   def test_logp_gradients_equal_one_device(self, mesh_name):
     # 7 prompt + 6 completion slots (13: padded to 14 or 16), every prompt at least one token.
     tokens, mask = _rows([13, 11, 9, 7], 13)
@@ -82,16 +93,16 @@ class ContextParallelTest(parameterized.TestCase):
                  _logp_grads(self.model, batch))
 
   @parameterized.product(mesh_name=tuple(MESHES), engine=("static", "continuous"))
+  @pytest.mark.mesh
   def test_the_sampler_splits_rows_over_the_context_devices(self, mesh_name, engine):
     """A decode step has one token per row: the context devices take rows of their own (the
     KV buffers split over them too, not repeated) and sample one device's tokens."""
-    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14], [15, 16], [17], [18, 19, 20], [21]]
-    settings = SamplingSettings(num_samples=2, max_new_tokens=6, temperature=1.0,
-                                engine=engine, slots=8)
     mesh = sh.make_mesh(MESHES[mesh_name])
-    sampler = Sampler(settings)
-    got = sampler(models.place(self.model, mesh), prompts, seed=3)
-    want = Sampler(settings)(self.model, prompts, seed=3)
+    sampler = Sampler(_settings(engine))
+    got = sampler(models.place(self.model, mesh), PROMPTS, seed=3)
+    if engine not in self.one_device_samples:
+      self.one_device_samples[engine] = Sampler(_settings(engine))(self.model, PROMPTS, seed=3)
+    want = self.one_device_samples[engine]
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
     trainer_rows = sh.logical_to_spec((sh.BATCH,), (16,), mesh, sh.DEFAULT_RULES)[0]
@@ -101,6 +112,7 @@ class ContextParallelTest(parameterized.TestCase):
     self.assertEqual(sh.sampling_rules(mesh, sh.DEFAULT_RULES)[0],
                      (sh.BATCH, ("data", "fsdp", "expert", "context")))
 
+  @pytest.mark.mesh
   def test_seq_shards(self):
     mesh = sh.make_mesh(MESHES["context4"])
     self.assertEqual(sh.seq_shards(mesh, sh.DEFAULT_RULES), 4)
@@ -122,6 +134,7 @@ class ContextParallelTest(parameterized.TestCase):
                                        length=T, seq_shards=2), "splash")
 
 
+@pytest.mark.mesh  # the messages count the 8 devices
 class ContextConfigTest(absltest.TestCase):
 
   def test_a_context_size_the_devices_do_not_fit_is_refused(self):
@@ -143,6 +156,7 @@ class ContextConfigTest(absltest.TestCase):
       config_lib.validate(config)
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 class ContextParallelRunTest(absltest.TestCase):
 

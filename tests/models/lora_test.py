@@ -1,6 +1,10 @@
 """LoRA adapters and the int8 base against PEFT and transformers (PyTorch, float32)."""
+import atexit
+import functools
 import json
 import os
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +21,16 @@ from jaxrl_llm.models.config import LORA_TARGETS
 from tests import hf_testing
 
 ROWS = [[5, 9, 13, 2, 44, 7], [11, 3, 8], [60, 61, 62, 63, 1]]
+
+
+_TMP = tempfile.mkdtemp(prefix="lora_test_")
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
+
+
+@functools.cache
+def _base_dir(arch: str) -> str:
+  """A tiny random transformers checkpoint of `arch`, written once for the file's tests."""
+  return hf_testing.save_hf_model(hf_testing.make_hf_model(arch), os.path.join(_TMP, arch))
 
 
 def _random_adapters(model: models.Model, seed: int) -> models.Model:
@@ -40,8 +54,7 @@ def _logits(model, ids, mask):
 @pytest.mark.parametrize("arch,targets", [
     ("llama", LORA_TARGETS), ("qwen2", ("qkv_proj", "down_proj")), ("qwen3", LORA_TARGETS)])
 def test_peft_loads_the_adapter_and_matches(tmp_path, arch, targets):
-  hf = hf_testing.make_hf_model(arch)
-  base_dir = hf_testing.save_hf_model(hf, str(tmp_path / "base"))
+  base_dir = _base_dir(arch)
   model = _adapted(base_dir, targets)
   ids, mask = hf_testing.left_padded_batch(ROWS)
   ours = _logits(model, ids, mask)
@@ -66,10 +79,8 @@ def test_peft_loads_the_adapter_and_matches(tmp_path, arch, targets):
                              atol=1e-4, rtol=0)
 
 
-def test_peft_module_names_cover_every_layer(tmp_path):
-  hf = hf_testing.make_hf_model("llama")
-  base_dir = hf_testing.save_hf_model(hf, str(tmp_path / "base"))
-  model = _adapted(base_dir, ("qkv_proj", "gate_up_proj"))
+def test_peft_module_names_cover_every_layer():
+  model = _adapted(_base_dir("llama"), ("qkv_proj", "gate_up_proj"))
   names = {n for n, _ in lora.peft_tensors(lora.split(model.params)[1], model.config)}
   expected = {f"base_model.model.model.layers.{i}.{m}.lora_{ab}.weight"
               for i in range(3) for m in ("self_attn.q_proj", "self_attn.k_proj",
@@ -78,10 +89,10 @@ def test_peft_module_names_cover_every_layer(tmp_path):
   assert names == expected
 
 
-def test_fresh_adapters_change_nothing_and_the_forward_is_the_merged_one(tmp_path):
-  hf = hf_testing.make_hf_model("qwen3")
-  base = models.from_pretrained(hf_testing.save_hf_model(hf, str(tmp_path / "b")), "float32")
-  fresh = models.with_lora(base, 8, 16, LORA_TARGETS, jax.random.key(0))
+def test_fresh_adapters_change_nothing_and_the_forward_is_the_merged_one():
+  base = models.from_pretrained(_base_dir("qwen3"), "float32")
+  # test_peft_loads_the_adapter_and_matches[qwen3]'s adapters (rank 4, alpha 8): its programs.
+  fresh = models.with_lora(base, 4, 8, LORA_TARGETS, jax.random.key(0))
   ids, mask = hf_testing.left_padded_batch(ROWS)
   np.testing.assert_array_equal(_logits(fresh, ids, mask), _logits(base, ids, mask))
   adapted = _random_adapters(fresh, 3)
@@ -89,9 +100,8 @@ def test_fresh_adapters_change_nothing_and_the_forward_is_the_merged_one(tmp_pat
                              _logits(adapted, ids, mask), atol=2e-5)
 
 
-def test_int8_base_is_close_half_the_bytes_of_bf16_and_merges(tmp_path):
-  hf = hf_testing.make_hf_model("llama")
-  base = models.from_pretrained(hf_testing.save_hf_model(hf, str(tmp_path / "b")), "float32")
+def test_int8_base_is_close_half_the_bytes_of_bf16_and_merges():
+  base = models.from_pretrained(_base_dir("llama"), "float32")
   q = models.quantize_base(base)
   kernel = q.params["layers"]["attn"]["qkv_proj"]
   assert kernel["kernel"].dtype == jnp.int8 and kernel[quant.SCALE].shape == (3, 1, 2, 4, 10)
@@ -107,10 +117,8 @@ def test_int8_base_is_close_half_the_bytes_of_bf16_and_merges(tmp_path):
                              _logits(adapted, ids, mask), atol=2e-5)
 
 
-def test_int8_base_in_bf16_compute(tmp_path):
-  hf = hf_testing.make_hf_model("qwen2")
-  path = hf_testing.save_hf_model(hf, str(tmp_path / "b"))
-  base = models.from_pretrained(path, "bfloat16", param_dtype="float32")
+def test_int8_base_in_bf16_compute():
+  base = models.from_pretrained(_base_dir("qwen2"), "bfloat16", param_dtype="float32")
   q = models.quantize_base(base)
   ids, mask = hf_testing.left_padded_batch(ROWS)
   out = _logits(models.with_lora(q, 4, 8, ("qkv_proj",), jax.random.key(0)), ids, mask)
@@ -118,9 +126,9 @@ def test_int8_base_in_bf16_compute(tmp_path):
   np.testing.assert_allclose(out, _logits(base, ids, mask), atol=0.1 * np.abs(out).max())
 
 
-def test_fingerprint_is_the_same_for_any_sharding_and_sees_one_value(tmp_path):
-  hf = hf_testing.make_hf_model("llama")
-  base = models.from_pretrained(hf_testing.save_hf_model(hf, str(tmp_path / "b")), "float32")
+@pytest.mark.mesh  # sharded over 8 devices (on one, the sharding would be no sharding)
+def test_fingerprint_is_the_same_for_any_sharding_and_sees_one_value():
+  base = models.from_pretrained(_base_dir("llama"), "float32")
   n = len(jax.devices())
   mesh = sh.make_mesh(dict(data=1, fsdp=n, tensor=1))
   placed = models.place(base, mesh)
@@ -130,17 +138,17 @@ def test_fingerprint_is_the_same_for_any_sharding_and_sees_one_value(tmp_path):
   assert lora.fingerprint(changed) != lora.fingerprint(base.params)
 
 
-def test_dropout_applies_only_with_a_key(tmp_path):
-  hf = hf_testing.make_hf_model("llama")
-  base = models.from_pretrained(hf_testing.save_hf_model(hf, str(tmp_path / "b")), "float32")
+def test_dropout_applies_only_with_a_key():
+  base = models.from_pretrained(_base_dir("llama"), "float32")
   model = _random_adapters(models.with_lora(base, 4, 8, LORA_TARGETS, jax.random.key(0),
                                             dropout=0.5), 1)
   ids, mask = hf_testing.left_padded_batch(ROWS)
   ids, mask = jnp.asarray(ids), jnp.asarray(mask)
   pos = models.positions_from_mask(mask)
-  plain, _ = models.forward(model, ids, pos, mask)
+  forward = jax.jit(lambda m, rng: models.forward(m, ids, pos, mask, dropout_rng=rng)[0])
+  plain = forward(model, None)
   np.testing.assert_allclose(plain, _logits(model, ids, mask), atol=1e-6)
-  dropped, _ = models.forward(model, ids, pos, mask, dropout_rng=jax.random.key(5))
+  dropped = forward(model, jax.random.key(5))
   assert np.abs(np.asarray(dropped) - np.asarray(plain)).max() > 1e-3
 
 

@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest, parameterized
 
 from jaxrl_llm import models, sampling
@@ -70,6 +71,15 @@ def _run(cfg, params, x, replay, cot, mesh=None, rules=None):
   return run(params, x)
 
 
+@functools.cache
+def _one_device(impl, replayed, dtype, rows, remat):
+  """`_run` of the single-device layer: the reference of every mesh compared to it."""
+  cfg = CFG.replace(moe_impl=impl, dtype=dtype, remat=remat)
+  params, _ = _params(cfg)
+  x, replay, cot = _inputs(rows=rows)
+  return _run(cfg, params, x, replay if replayed else None, cot)
+
+
 def _placed(params, boxed, x, mesh, rules):
   shardings = nn.unbox(sh.infer_shardings(boxed, mesh, rules))
   x_sharding = sh.named_sharding((sh.BATCH, sh.SEQ, None), x.shape, mesh, rules)
@@ -89,6 +99,7 @@ def _close(got, want, tol, relative_to_max=False):
   jax.tree.map(one, got, want)
 
 
+@pytest.mark.mesh
 class ExpertParallelLayerTest(parameterized.TestCase):
 
   def _compare(self, mesh_name, impl="auto", replayed=False, dtype="float32", rows=B, tol=1e-5,
@@ -99,7 +110,7 @@ class ExpertParallelLayerTest(parameterized.TestCase):
     params, boxed = _params(cfg)
     x, replay, cot = _inputs(rows=rows)
     replay = replay if replayed else None
-    want = _run(cfg, params, x, replay, cot)
+    want = _one_device(impl, replayed, dtype, rows, remat)
     params_s, x_s = _placed(params, boxed, x, mesh, rules)
     got = _run(cfg, params_s, x_s, replay, cot, mesh, sh.freeze_rules(rules))
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))  # the same routing
@@ -185,14 +196,17 @@ class SkippedExpertsTest(absltest.TestCase):
     gate_up = jax.random.normal(keys[3], (E, D, 2, F))
     down = jax.random.normal(keys[4], (E, F, D))
     mine = (experts >= 0) & (experts < E)
-    want = moe.expert_ffn(x, jnp.where(mine, experts, 0), jnp.where(mine, weights, 0), gate_up,
-                          down, "blocked")
+    # Jitted: one program per kernel rather than one per operation.
+    ffn = lambda impl: jax.jit(functools.partial(moe.expert_ffn, impl=impl, interpret=True))
+    want = ffn("blocked")(x, jnp.where(mine, experts, 0), jnp.where(mine, weights, 0), gate_up,
+                          down)
     for impl in ("blocked", "ragged", "gmm"):
-      got = moe.expert_ffn(x, experts, weights, gate_up, down, impl, interpret=True)
+      got = ffn(impl)(x, experts, weights, gate_up, down)
       np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5,
                                  err_msg=impl)
 
 
+@pytest.mark.mesh
 class LocalShareTest(absltest.TestCase):
 
   def test_share_of_the_experts_per_device(self):
@@ -210,6 +224,7 @@ class LocalShareTest(absltest.TestCase):
         mesh, sh.DEFAULT_RULES), 1.0)
 
 
+@pytest.mark.mesh
 class ExpertParallelSamplingTest(absltest.TestCase):
   """The sampler runs the same layer: prefill and decode steps per device (weights in the
   'tensor' layout, fsdp dropped), or, in the continuous engine's own shard_map, the
@@ -240,8 +255,10 @@ class ExpertParallelSamplingTest(absltest.TestCase):
     """The layer gathers tokens in the loop, never the experts' weights (F / tensor = 12
     wide) in the 'tensor' layout; the 'training' layout does (the check can fail)."""
     def gathered_weights(layout):
-      settings = sampling.SamplingSettings(2, 6, layer_loop="scan", weight_layout=layout,
-                                           engine="static")
+      # test_sharded_moe_samples_the_same's greedy static settings: the 'tensor' layout's
+      # program is the one that test runs (one compile between them).
+      settings = sampling.SamplingSettings(2, 6, 0.0, layer_loop="scan", weight_layout=layout,
+                                           engine="static", page_size=8)
       hlo = sampling.Sampler(settings).lower(self.sharded, self.prompts).compile().as_text()
       shapes = [re.search(r"\[([\d,]*)\]", line).group(1).split(",")
                 for line in sampling_test._all_gathers_in_loops(hlo)]

@@ -1,10 +1,13 @@
 """Expert parallelism: an MoE model on meshes of 8 CPU devices (expert 4 x data 2, expert 2
 x fsdp 2 x tensor 2, expert 8) computes what it computes on one device (logits, and the
 gradient and result of one update). The layer itself: moe_parallel_test.py."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from absl.testing import absltest, parameterized
 from jax.sharding import PartitionSpec as P
 
@@ -44,10 +47,19 @@ def _update(model, ids, mask):
   return loss, grads, optax.apply_updates(model.params, updates)
 
 
+@functools.cache
+def _one_device():
+  """The model on one device, and its logits and update (the reference of every mesh)."""
+  one = models.init(CFG, jax.random.key(0))
+  ids, mask = _batch()
+  return one, models.compute_logits(one, ids, mask), jax.jit(_update)(one, ids, mask)
+
+
+@pytest.mark.mesh
 class ExpertParallelTest(parameterized.TestCase):
 
   def test_expert_4_by_data_2_equals_one_device(self):
-    one = models.init(CFG, jax.random.key(0))
+    one = _one_device()[0]
     mesh = sh.make_mesh(dict(data=2, fsdp=1, expert=4, tensor=1))
     self.assertEqual(dict(mesh.shape), dict(data=2, fsdp=1, expert=4, context=1, tensor=1))
     placed = models.place(one, mesh)
@@ -61,7 +73,7 @@ class ExpertParallelTest(parameterized.TestCase):
       ("expert2_fsdp2_tensor2", dict(data=1, fsdp=2, expert=2, tensor=2)),
       ("expert8", dict(data=1, fsdp=1, expert=8, tensor=1)))
   def test_other_meshes_equal_one_device(self, shape):
-    one = models.init(CFG, jax.random.key(0))
+    one = _one_device()[0]
     mesh = sh.make_mesh(shape)
     _check_equal(one, models.place(one, mesh), mesh)
 
@@ -69,15 +81,13 @@ class ExpertParallelTest(parameterized.TestCase):
 def _check_equal(one, placed, mesh):
   """Logits, and the loss, gradients and parameters after one update, sharded and not."""
   ids, mask = _batch()
-  want = models.compute_logits(one, ids, mask)
+  _, want, (loss1, grads1, params1) = _one_device()
   ids_s, mask_s = (sh.put(x, sh.named_sharding((sh.BATCH, None), x.shape, mesh, sh.DEFAULT_RULES))
                    for x in (ids, mask))
   got = models.compute_logits(placed, ids_s, mask_s)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=0)
 
-  update = jax.jit(_update)
-  loss1, grads1, params1 = update(one, ids, mask)
-  loss8, grads8, params8 = update(placed, ids_s, mask_s)
+  loss8, grads8, params8 = jax.jit(_update)(placed, ids_s, mask_s)
   np.testing.assert_allclose(float(loss8), float(loss1), rtol=1e-6)
   close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=1e-4)
   jax.tree.map(close, grads8, grads1)

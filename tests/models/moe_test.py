@@ -1,6 +1,10 @@
 """Mixture-of-experts models: parity with transformers' Qwen3-MoE and Mixtral, the expert
 kernels against each other, the router losses against transformers' formula."""
+import atexit
 import functools
+import os
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -44,16 +48,42 @@ def _sharp_router(hf, scale=4.0):
   return hf
 
 
+_TMP = tempfile.mkdtemp(prefix="moe_test_")
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
+
+
+@functools.cache
+def _loaded(name):
+  """(the transformers model, its directory, our float32 model) of VARIANTS' `name`: built
+  once for the file's tests (none of them changes it)."""
+  variant = dict(next(v for v in VARIANTS if v["testcase_name"] == name))
+  del variant["testcase_name"]
+  arch, tied = variant.pop("arch"), variant.pop("tied", False)
+  hf = _sharp_router(hf_testing.make_hf_model(arch, tied=tied, **variant))
+  path = hf_testing.save_hf_model(hf, os.path.join(_TMP, name))
+  return hf, path, models.from_pretrained(path)
+
+
+@functools.cache
+def _hf_greedy(name, prompt, max_new_tokens):
+  """transformers' greedy completion of one prompt (no EOS: the whole budget)."""
+  hf = _loaded(name)[0]
+  with torch.no_grad():
+    want = hf.generate(input_ids=torch.tensor([prompt]),
+                       attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                       do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None,
+                       pad_token_id=0)
+  return want[0, len(prompt):].numpy()
+
+
+NAMES = [(v["testcase_name"], v["testcase_name"]) for v in VARIANTS]
+
+
 class MoeParityTest(parameterized.TestCase):
 
-  def _load(self, arch, tied=False, dtype="float32", **overrides):
-    hf = _sharp_router(hf_testing.make_hf_model(arch, tied=tied, **overrides))
-    path = hf_testing.save_hf_model(hf, self.create_tempdir().full_path)
-    return hf, path, models.from_pretrained(path, dtype=dtype)
-
-  @parameterized.named_parameters(*VARIANTS)
-  def test_float32_logits_match_transformers(self, arch, tied=False, **overrides):
-    hf, path, model = self._load(arch, tied, **overrides)
+  @parameterized.named_parameters(*NAMES)
+  def test_float32_logits_match_transformers(self, name):
+    hf, _, model = _loaded(name)
     ids, mask = _batch(0)
     want = hf_testing.hf_logits(hf, ids, mask)
     for impl in ("blocked", "ragged"):
@@ -62,9 +92,9 @@ class MoeParityTest(parameterized.TestCase):
       real = mask.astype(bool)
       np.testing.assert_allclose(ours[real], want[real], atol=1e-4, rtol=0, err_msg=impl)
 
-  @parameterized.named_parameters(*VARIANTS)
-  def test_save_then_transformers_loads_the_same_model(self, arch, tied=False, **overrides):
-    hf, _, model = self._load(arch, tied, **overrides)
+  @parameterized.named_parameters(*NAMES)
+  def test_save_then_transformers_loads_the_same_model(self, name):
+    hf, _, model = _loaded(name)
     out = self.create_tempdir().full_path
     models.save_pretrained(model, out)
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
@@ -72,32 +102,29 @@ class MoeParityTest(parameterized.TestCase):
     self.assertEqual(reloaded.config.to_dict()["num_hidden_layers"], hf.config.num_hidden_layers)
     want, got = hf.state_dict(), reloaded.state_dict()
     self.assertEqual(sorted(want), sorted(got))
-    for name in want:
-      np.testing.assert_array_equal(got[name].numpy(), want[name].numpy(), err_msg=name)
+    for tensor in want:
+      np.testing.assert_array_equal(got[tensor].numpy(), want[tensor].numpy(), err_msg=tensor)
     again = models.from_pretrained(out)
     jax.tree.map(np.testing.assert_array_equal, again.params, model.params)
 
-  @parameterized.named_parameters(VARIANTS[1], VARIANTS[3])
-  def test_transformers_fused_expert_layout_loads_the_same(self, arch, tied=False, **overrides):
-    hf, _, model = self._load(arch, tied, **overrides)
+  @parameterized.named_parameters(NAMES[1], NAMES[3])
+  def test_transformers_fused_expert_layout_loads_the_same(self, name):
+    hf, _, model = _loaded(name)
     fused = hf_testing.save_hf_model(hf, self.create_tempdir().full_path,
                                      save_original_format=False)  # experts.gate_up_proj
     jax.tree.map(np.testing.assert_array_equal, models.from_pretrained(fused).params,
                  model.params)
 
-  @parameterized.named_parameters(VARIANTS[1], VARIANTS[3])
-  def test_greedy_decoding_token_for_token(self, arch, tied=False, **overrides):
+  @parameterized.named_parameters(NAMES[1], NAMES[3])
+  def test_greedy_decoding_token_for_token(self, name):
     from jaxrl_llm import sampling
-    hf, _, model = self._load(arch, tied, **overrides)
+    _, _, model = _loaded(name)
     prompts = [[5, 17, 33, 8, 61, 12], [40, 9, 77]]
     for loop, engine in (("scan", "static"), ("unrolled", "static"), ("scan", "continuous")):
       out = sampling.generate(model, prompts, num_samples=1, max_new_tokens=12, temperature=0.0,
                               layer_loop=loop, engine=engine, page_size=8)
       for i, p in enumerate(prompts):
-        with torch.no_grad():
-          want = hf.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                             do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
-        np.testing.assert_array_equal(np.asarray(out.tokens[i]), want[0, len(p):].numpy(),
+        np.testing.assert_array_equal(np.asarray(out.tokens[i]), _hf_greedy(name, tuple(p), 12),
                                       err_msg=f"{loop} {engine}")
       # The experts of every prompt token and fed-back completion token, the same in both
       # engines (prompts padded to their own widths: compared right-aligned).
@@ -151,9 +178,10 @@ class ExpertKernelTest(parameterized.TestCase):
     weights = jax.random.uniform(keys[2], (N, k))
     gate_up = 0.3 * jax.random.normal(keys[3], (E, D, 2, F))
     down = 0.3 * jax.random.normal(keys[0], (E, F, D))
-    grads = {impl: jax.grad(lambda *a: jnp.sum(jnp.sin(moe.expert_ffn(*a, impl=impl,
-                                                                      interpret=True))),
-                            argnums=(0, 2, 3, 4))(x, experts, weights, gate_up, down)
+    # Jitted: one program per kernel rather than one per operation of its backward.
+    grads = {impl: jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(moe.expert_ffn(
+        *a, impl=impl, interpret=True))), argnums=(0, 2, 3, 4)))(x, experts, weights, gate_up,
+                                                                  down)
              for impl in ("blocked", "ragged", "gmm")}
     for impl in ("blocked", "gmm"):
       jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5),
@@ -173,8 +201,9 @@ class RouterLossTest(parameterized.TestCase):
                position_ids=torch.tensor(np.maximum(np.cumsum(mask, -1) - 1, 0)),
                output_router_logits=True)
     mask_j = jnp.asarray(mask, jnp.int32)
-    _, _, routing = models.forward(model, jnp.asarray(ids, jnp.int32),
-                                   models.positions_from_mask(mask_j), mask_j, with_router=True)
+    _, _, routing = jax.jit(lambda m, ids, mask: models.forward(
+        m, ids, models.positions_from_mask(mask), mask, with_router=True))(
+            model, jnp.asarray(ids, jnp.int32), mask_j)
     self.assertEqual(routing["experts"].shape, (3, 17, 3, 2))
     np.testing.assert_allclose(float(moe.aux_loss(routing, model.config.num_experts)),
                                float(out.aux_loss), rtol=1e-5)

@@ -1,5 +1,9 @@
 """Parity of our Flax decoder with transformers' PyTorch Llama / Qwen2 / Qwen3."""
+import atexit
+import copy
 import functools
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -29,11 +33,27 @@ def _random_batch(seed, B=3, T=11, vocab=hf_testing.TINY["vocab_size"]):
   return rng.randint(3, vocab, (B, T)), np.ones((B, T), np.int64)
 
 
+_TMP = tempfile.mkdtemp(prefix="transformer_test_")
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
+
+
+_HF = {}
+
+
+def _hf(arch, tied=False, **overrides):
+  """A tiny transformers model and its directory, built once for the file's tests (none
+  changes either)."""
+  key = (arch, tied, repr(sorted(overrides.items())))
+  if key not in _HF:
+    hf = hf_testing.make_hf_model(arch, tied=tied, **overrides)
+    _HF[key] = hf, hf_testing.save_hf_model(hf, tempfile.mkdtemp(dir=_TMP))
+  return _HF[key]
+
+
 class ParityTest(parameterized.TestCase):
 
   def _load(self, arch, tied=False, dtype="float32", **overrides):
-    hf = hf_testing.make_hf_model(arch, tied=tied, **overrides)
-    path = hf_testing.save_hf_model(hf, self.create_tempdir().full_path)
+    hf, path = _hf(arch, tied, **overrides)
     return hf, path, models.from_pretrained(path, dtype=dtype)
 
   @parameterized.named_parameters(*VARIANTS)
@@ -54,7 +74,7 @@ class ParityTest(parameterized.TestCase):
     ids, mask = _random_batch(1)
     exact = hf_testing.hf_logits(hf, ids, mask)
     ours = np.asarray(models.compute_logits(model, ids, mask))
-    theirs = hf_testing.hf_logits(hf.to(torch.bfloat16), ids, mask)
+    theirs = hf_testing.hf_logits(copy.deepcopy(hf).to(torch.bfloat16), ids, mask)
     err_ours, err_theirs = np.abs(ours - exact).max(), np.abs(theirs - exact).max()
     # Both round to bf16 (8 bits of mantissa) in the same places: errors of the same size.
     self.assertLess(err_ours, 2 * err_theirs + 1e-2)
@@ -74,9 +94,13 @@ class ParityTest(parameterized.TestCase):
     ids, mask = hf_testing.left_padded_batch(rows)
     padded = np.asarray(models.compute_logits(model, ids, mask))
     T = ids.shape[1]
+    # Each row alone, from position 0, in one call: right-padded to T (the model is causal:
+    # the padding after a row changes none of its logits).
+    alone_ids = np.asarray([row + [0] * (T - len(row)) for row in rows])
+    alone = np.asarray(models.compute_logits(model, alone_ids, np.ones_like(alone_ids)))
     for i, row in enumerate(rows):
-      alone = np.asarray(models.compute_logits(model, np.array([row]), np.ones((1, len(row)))))
-      np.testing.assert_allclose(padded[i, T - len(row):], alone[0], atol=2e-5, rtol=0)
+      np.testing.assert_allclose(padded[i, T - len(row):], alone[i, :len(row)], atol=2e-5,
+                                 rtol=0)
     # ...and they match transformers given padding-aware position ids.
     ref = hf_testing.hf_logits(hf, ids, mask)
     np.testing.assert_allclose(padded[mask == 1], ref[mask == 1], atol=1e-4, rtol=0)
@@ -122,10 +146,10 @@ class ParityTest(parameterized.TestCase):
         logits, _ = models.forward(m, ids, models.positions_from_mask(mask), mask)
         return jnp.mean(jax.nn.logsumexp(logits, -1))
 
-      grad_fn = jax.jit(jax.grad(loss))
-      jaxpr = str(jax.make_jaxpr(jax.grad(loss))(model.params))
-      temp = grad_fn.lower(model.params).compile().memory_analysis().temp_size_in_bytes
-      return grad_fn(model.params), jaxpr, temp
+      traced = jax.jit(jax.grad(loss)).trace(model.params)  # traced, lowered, compiled once
+      compiled = traced.lower().compile()
+      temp = compiled.memory_analysis().temp_size_in_bytes
+      return compiled(model.params), str(traced.jaxpr), temp
 
     g_plain, jaxpr_plain, temp_plain = grads("none")
     self.assertNotIn("remat", jaxpr_plain)
@@ -149,15 +173,15 @@ class ParityTest(parameterized.TestCase):
           lambda p: models.forward(models.Model(p, model.config), ids, mask, mask))(model.params))
       return jaxpr.count("dot_general"), jaxpr.count("scan[")
 
-    self.assertEqual(program_size(2), program_size(12))
-    self.assertEqual(program_size(2)[1], 1)
+    two = program_size(2)
+    self.assertEqual(two, program_size(12))
+    self.assertEqual(two[1], 1)
 
 
 class ValueModelTest(absltest.TestCase):
 
   def test_value_model_shares_the_backbone(self):
-    hf = hf_testing.make_hf_model("qwen2")
-    path = hf_testing.save_hf_model(hf, self.create_tempdir().full_path)
+    _, path = _hf("qwen2")
     policy = models.from_pretrained(path)
     critic = models.value_model(policy)
     self.assertNotIn("lm_head", critic.params)
@@ -169,7 +193,8 @@ class ValueModelTest(absltest.TestCase):
     w = np.random.RandomState(0).randn(policy.config.hidden_size).astype(np.float32)
     critic.params["value_head"]["kernel"] = w
     critic.params["value_head"]["bias"] = np.float32(0.5)
-    hidden, _ = models.forward(policy, ids, models.positions_from_mask(mask), mask, return_hidden=True)
+    hidden, _ = jax.jit(lambda m, ids, mask: models.forward(
+        m, ids, models.positions_from_mask(mask), mask, return_hidden=True))(policy, ids, mask)
     np.testing.assert_allclose(models.compute_values(critic, ids, mask),
                                np.asarray(hidden) @ w + 0.5, atol=1e-5)
     with self.assertRaisesRegex(ValueError, "value model"):
@@ -182,8 +207,7 @@ class FrozenCopyTest(parameterized.TestCase):
 
   @parameterized.parameters("qwen3", "qwen3_moe")
   def test_bf16_frozen_copy_gives_the_same_logits_in_less_memory(self, arch):
-    hf = hf_testing.make_hf_model(arch)
-    path = hf_testing.save_hf_model(hf, self.create_tempdir().full_path)
+    _, path = _hf(arch)
     policy = models.from_pretrained(path, dtype="bfloat16", param_dtype="float32")
     copy = models.frozen(policy)
     ids, mask = _random_batch(6)

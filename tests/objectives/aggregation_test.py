@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
+import pytest
 
 from jaxrl_llm import objectives
 from jaxrl_llm.objectives import aggregation
@@ -120,6 +121,7 @@ class ExactAccumulationTest(parameterized.TestCase):
 
   # One preset per aggregation (micro-batching covers the other kinds of term).
   @parameterized.parameters("grpo", "dapo", "rloo", "dr_grpo")
+  @pytest.mark.mesh
   def test_eight_device_data_parallel(self, name):
     self.assertEqual(jax.device_count(), 8)
     cfg = preset(name)

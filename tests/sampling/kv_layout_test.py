@@ -16,6 +16,7 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest, parameterized
 
 from jaxrl_llm import models, sampling
@@ -129,23 +130,38 @@ class SamplesTest(parameterized.TestCase):
     cls.path = hf_testing.save_hf_model(hf, tempfile.mkdtemp())
     rng = np.random.RandomState(9)
     cls.prompts = [list(rng.randint(3, 128, n)) for n in (6, 11, 2, 9)]
+    cls.models, cls.runs = {}, {}
+
+  def _model(self, dtype="float32"):
+    if dtype not in self.models:
+      self.models[dtype] = models.from_pretrained(self.path, dtype=dtype)
+    return self.models[dtype]
+
+  def _run(self, model, settings, layout):
+    """(output, sampler) of `settings` sampling the prompts with key layout `layout`: each
+    once for the class (its own sampler, called once)."""
+    key = (id(model), settings, layout)
+    if key not in self.runs:
+      with _on_cpu(layout):
+        sampler = sampling.Sampler(settings)
+        self.runs[key] = model, sampler(model, self.prompts, 3), sampler
+    return self.runs[key][1:]
 
   def _both(self, model, settings):
     """(slot-minor output, slot-major output, the slot-major sampler's kept cache)."""
-    minor = sampling.Sampler(settings)(model, self.prompts, 3)
-    with _on_cpu("slot_major"):
-      sampler = sampling.Sampler(settings)
-      major = sampler(model, self.prompts, 3)
+    minor, _ = self._run(model, settings, "slot_minor")
+    major, sampler = self._run(model, settings, "slot_major")
     return minor, major, sampler.cache
 
-  # Every pair of (loop, engine, dtype) values in four runs, not all eight (suite time).
-  @parameterized.parameters(("scan", "static", "float32"), ("unrolled", "static", "bfloat16"),
-                            ("scan", "continuous", "bfloat16"),
-                            ("unrolled", "continuous", "float32"))
+  # Every pair of (loop, engine, dtype) values in four runs, not all eight (suite time). The
+  # continuous engine's settings are those of the smaller pool's test below (its whole pool).
+  @parameterized.parameters(("scan", "continuous", "float32"),
+                            ("unrolled", "continuous", "bfloat16"),
+                            ("scan", "static", "bfloat16"), ("unrolled", "static", "float32"))
   def test_slot_major_keys_sample_the_same(self, layer_loop, engine, dtype):
-    model = models.from_pretrained(self.path, dtype=dtype)
+    model = self._model(dtype)
     settings = sampling.SamplingSettings(2, 12, eos_ids=(EOS,), layer_loop=layer_loop,
-                                         engine=engine)
+                                         engine=engine, slots=4, page_size=4)
     minor, major, kept = self._both(model, settings)
     # The layout did change: the kept buffers are slot-major keys, or token-major pages.
     names = sorted(kept[0] if layer_loop == "unrolled" else kept)
@@ -161,13 +177,11 @@ class SamplesTest(parameterized.TestCase):
     """The TPU's layout reads the stacked pool in place in the layer scan: a pool of one
     completion's worst case (3 pages of 4 tokens for 12) preempts, and samples the whole
     pool's completions."""
-    model = models.from_pretrained(self.path)
+    model = self._model()
     settings = sampling.SamplingSettings(2, 12, eos_ids=(EOS,), layer_loop="scan",
                                          engine="continuous", slots=4, page_size=4)
-    with _on_cpu("slot_major"):
-      whole = sampling.Sampler(settings)(model, self.prompts, 3)
-      sampler = sampling.Sampler(dataclasses.replace(settings, kv_pages=3))
-      small = sampler(model, self.prompts, 3)
+    whole, _ = self._run(model, settings, "slot_major")
+    small, sampler = self._run(model, dataclasses.replace(settings, kv_pages=3), "slot_major")
     self.assertGreater(int(sampler.stats["preemptions"]), 0)
     self.assertLessEqual(int(sampler.stats["peak_pages"]), 3)
     np.testing.assert_array_equal(np.asarray(small.tokens), np.asarray(whole.tokens))
@@ -175,6 +189,7 @@ class SamplesTest(parameterized.TestCase):
     np.testing.assert_allclose(np.asarray(small.logprobs), np.asarray(whole.logprobs),
                                atol=1e-6)
 
+  @pytest.mark.mesh
   def test_on_a_mesh(self):
     model = models.from_pretrained(self.path, mesh=sh.make_mesh(dict(data=2, fsdp=2, tensor=2)))
     settings = sampling.SamplingSettings(2, 12, eos_ids=(EOS,), layer_loop="scan",

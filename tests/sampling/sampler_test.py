@@ -1,4 +1,5 @@
 """The group sampler against transformers' generate, the model's own distribution, and itself."""
+import functools
 import re
 import tempfile
 from unittest import mock
@@ -6,6 +7,7 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import scipy.stats
 import torch
 from absl.testing import absltest, parameterized
@@ -23,15 +25,21 @@ def _prompts(seed, lengths):
   return [list(rng.randint(3, V, n)) for n in lengths]
 
 
+@functools.cache  # one model per architecture for the module's tests (none changes it)
 def _model(arch="llama", **kw):
   hf = hf_testing.make_hf_model(arch, **kw)
   return hf, models.from_pretrained(hf_testing.save_hf_model(hf, tempfile.mkdtemp()))
 
 
-def _completion_logp(model, prompt, completion, temperature=1.0):
-  """log_softmax(logits / T) of each completion token and the full rows, by one forward pass."""
-  ids = np.array([list(prompt) + list(completion)])
-  logits = np.asarray(models.compute_logits(model, ids, np.ones_like(ids)))[0]
+def _completion_logp(model, prompt, completion, temperature=1.0, length=64):
+  """log_softmax(logits / T) of each completion token and the full rows, by one forward pass.
+
+  The tokens are right-padded to `length` columns (causal attention: the padding after them
+  changes none of their logits), so that every row compiles the same program."""
+  tokens = list(prompt) + list(completion)
+  ids = np.zeros((1, max(length, len(tokens))), np.int32)
+  ids[0, :len(tokens)] = tokens
+  logits = np.asarray(models.compute_logits(model, ids, np.ones_like(ids)))[0, :len(tokens)]
   logits = logits[len(prompt) - 1:-1].astype(np.float64) / temperature  # the logits that chose each completion token
   logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
   return logp[np.arange(len(completion)), completion], logp
@@ -142,6 +150,7 @@ class GumbelMaxTest(absltest.TestCase):
     np.testing.assert_allclose(-np.log(-np.log1p(-(0.5 * 2.0 ** -32))), 22.87, atol=0.01)
     self.assertTrue(np.all(np.isfinite(g)))
 
+  @pytest.mark.optimized  # 80 draws over [64, 151936] logits: XLA's optimisations pay
   def test_rare_tokens_at_the_top_of_a_151936_token_vocabulary(self):
     """Tokens of probability 1e-8 (at T = 1) at the end of a Qwen-sized vocabulary, raised
     by temperature 2.5 to a measurable rate: drawn as often as softmax(logits / T) says."""
@@ -227,6 +236,7 @@ class CompilationTest(absltest.TestCase):
     self.assertEqual(sampling.bucket_length(65, (16, 32, 64)), 128)
 
 
+@pytest.mark.mesh
 class ShardedSamplingTest(absltest.TestCase):
 
   def test_sharded_model_samples_the_same(self):
@@ -246,8 +256,7 @@ class ShardedSamplingTest(absltest.TestCase):
 class LayerLoopTest(parameterized.TestCase):
   """Scanned and unrolled layers sample the same completions (sampling.SamplingSettings)."""
 
-  @parameterized.parameters((None,), (dict(data=2, fsdp=2, tensor=2),))
-  def test_scan_and_unrolled_sample_the_same(self, mesh_shape):
+  def _scan_and_unrolled_sample_the_same(self, mesh_shape):
     hf = hf_testing.make_hf_model("qwen3", vocab_size=128, hidden_size=64, intermediate_size=96)
     path = hf_testing.save_hf_model(hf, tempfile.mkdtemp())
     model = models.from_pretrained(path, mesh=mesh_shape and sh.make_mesh(mesh_shape))
@@ -262,6 +271,13 @@ class LayerLoopTest(parameterized.TestCase):
       n = int(scan.lengths[i])
       want, _ = _completion_logp(model, prompts[i // 2], np.asarray(scan.tokens[i, :n]))
       np.testing.assert_allclose(np.asarray(scan.logprobs[i, :n]), want, atol=2e-5)
+
+  def test_scan_and_unrolled_sample_the_same(self):
+    self._scan_and_unrolled_sample_the_same(None)
+
+  @pytest.mark.mesh
+  def test_scan_and_unrolled_sample_the_same_on_a_mesh(self):
+    self._scan_and_unrolled_sample_the_same(dict(data=2, fsdp=2, tensor=2))
 
   def test_auto_unrolls_shallow_models_on_cpu(self):
     cfg = models.ModelConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_layers=2,
@@ -365,6 +381,7 @@ def _all_gathers_in_loops(hlo: str) -> list[str]:
           if re.search(r"= (f32|bf16|f16)\[.*all-gather\(", line)]
 
 
+@pytest.mark.mesh
 class DecodeLayoutTest(parameterized.TestCase):
   """FSDP-trained weights are gathered once per call, not once per token (weight_layout)."""
 

@@ -15,13 +15,18 @@ V = hf_testing.TINY["vocab_size"]
 EOS = hf_testing.TINY["eos_token_id"]
 
 
-def episode_logp(model, tokens, model_positions, temperature):
-  """log_softmax(logits / T) at each of `model_positions`' tokens, by one forward pass."""
-  ids = np.array([tokens])
-  logits = np.asarray(models.compute_logits(model, ids, np.ones_like(ids)))[0].astype(np.float64)
+def episode_logps(model, rows, model_positions, temperature, length=64):
+  """log_softmax(logits / T) at each row's `model_positions[b]` tokens, by one forward pass
+  over all rows, right-padded to `length` columns (causal attention: the padding after a
+  row's tokens changes none of its logits), so that every call compiles one program."""
+  ids = np.zeros((len(rows), max(length, max(map(len, rows)))), np.int32)
+  for b, tokens in enumerate(rows):
+    ids[b, :len(tokens)] = tokens
+  logits = np.asarray(models.compute_logits(model, ids, np.ones_like(ids))).astype(np.float64)
   logits = logits / temperature
   logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
-  return np.array([logp[i - 1, tokens[i]] for i in model_positions])
+  return [np.array([logp[b, i - 1, tokens[i]] for i in at])
+          for b, (tokens, at) in enumerate(zip(rows, model_positions))]
 
 
 def play(model, prompts, replies, budgets, *, layer_loop="auto", temperature=0.9, seed=3,
@@ -54,6 +59,10 @@ def play(model, prompts, replies, budgets, *, layer_loop="auto", temperature=0.9
   return rows, model_at, logps
 
 
+# Three turns of the three episodes below (no EOS in them: every budget is reached).
+BUDGETS = ((6, 4, 5), (3, 8, 2), (5, 5, 5))
+
+
 class TurnSamplingTest(parameterized.TestCase):
 
   @classmethod
@@ -65,42 +74,48 @@ class TurnSamplingTest(parameterized.TestCase):
     cls.prompts = [list(rng.randint(3, V, n)) for n in (5, 11, 2)]
     cls.replies = [[list(rng.randint(3, V, n)) for n in lengths]
                    for lengths in ((4, 1), (7, 3), (2, 9))]
+    cls.played = {}
+
+  def play(self, budgets=BUDGETS, **kw):
+    """`play` of the class's episodes, each played once (several tests check the same
+    episodes; each play compiles its turn programs)."""
+    key = (budgets, tuple(sorted(kw.items())))
+    if key not in self.played:
+      self.played[key] = play(self.model, self.prompts, self.replies, budgets, **kw)
+    return self.played[key]
 
   @parameterized.parameters("scan", "unrolled")
   def test_logprobs_equal_one_forward_pass_over_the_episode(self, layer_loop):
-    budgets = [(6, 4, 5), (3, 8, 2), (5, 5, 5)]
-    rows, model_at, logps = play(self.model, self.prompts, self.replies, budgets,
-                                 layer_loop=layer_loop)
+    rows, model_at, logps = self.play(layer_loop=layer_loop)
+    wants = episode_logps(self.model, rows, model_at, 0.9)
     for b in range(3):
-      self.assertLen(model_at[b], sum(budgets[t][b] for t in range(3)))  # no EOS here
-      want = episode_logp(self.model, rows[b], model_at[b], 0.9)
-      np.testing.assert_allclose(logps[b], want, atol=1e-5, err_msg=f"row {b}")
+      self.assertLen(model_at[b], sum(BUDGETS[t][b] for t in range(3)))  # no EOS here
+      np.testing.assert_allclose(logps[b], wants[b], atol=1e-5, err_msg=f"row {b}")
 
   @parameterized.parameters("scan", "unrolled")
   def test_a_growing_cache_gives_the_same_episodes(self, layer_loop):
-    budgets = [(6, 4, 5), (3, 8, 2), (5, 5, 5)]
-    big = play(self.model, self.prompts, self.replies, budgets, layer_loop=layer_loop)
-    grown = play(self.model, self.prompts, self.replies, budgets, layer_loop=layer_loop,
-                 columns=(24, 160))  # 16 + 6 columns for the first turn, then it grows
+    big = self.play(layer_loop=layer_loop)
+    grown = self.play(layer_loop=layer_loop,
+                      columns=(24, 160))  # 16 + 6 columns for the first turn, then it grows
     self.assertEqual(grown[0], big[0])
     for b in range(3):
       np.testing.assert_allclose(grown[2][b], big[2][b], atol=1e-6)
 
   def test_a_row_does_not_depend_on_its_neighbours_or_the_turn_split(self):
-    budgets = [(6, 3, 5), (4, 8, 2)]
-    rows, _, logps = play(self.model, self.prompts, self.replies, budgets)
+    budgets = ((6, 3, 5), (4, 8, 2))
+    rows, _, logps = self.play(budgets)
     alone, _, alone_logps = play(self.model, self.prompts[:1], self.replies[:1],
                                  [(6,), (4,)])
     self.assertEqual(alone[0], rows[0])
     np.testing.assert_allclose(alone_logps[0], logps[0], atol=1e-5)
 
   def test_a_row_can_sit_a_turn_out(self):
-    budgets = [(6, 3, 5), (4, 0, 2), (3, 0, 4)]
-    rows, model_at, logps = play(self.model, self.prompts, self.replies, budgets)
+    budgets = ((6, 3, 5), (4, 0, 2), (3, 0, 4))
+    rows, model_at, logps = self.play(budgets)
     self.assertLen(model_at[1], 3)  # it ended after its first turn
+    wants = episode_logps(self.model, rows, model_at, 0.9)
     for b in range(3):
-      want = episode_logp(self.model, rows[b], model_at[b], 0.9)
-      np.testing.assert_allclose(logps[b], want, atol=1e-5, err_msg=f"row {b}")
+      np.testing.assert_allclose(logps[b], wants[b], atol=1e-5, err_msg=f"row {b}")
 
   def test_the_end_of_turn_token_ends_a_turn(self):
     s = SamplingSettings(1, 12, 1.0, 0, 1.0, (EOS,), 0)
@@ -121,16 +136,16 @@ class TurnSamplingTest(parameterized.TestCase):
     hf = hf_testing.make_hf_model("qwen3")
     path = hf_testing.save_hf_model(hf, tempfile.mkdtemp())
     bf16, f32 = (models.from_pretrained(path, dtype=d) for d in ("bfloat16", "float32"))
-    budgets = [(6, 4, 5), (3, 8, 2), (5, 5, 5)]
-    rows, model_at, logps = play(bf16, self.prompts, self.replies, budgets, temperature=1.0)
-    gap = lambda model: np.concatenate([np.abs(np.asarray(logps[b]) - episode_logp(
-        model, rows[b], model_at[b], 1.0)) for b in range(3)])
+    rows, model_at, logps = play(bf16, self.prompts, self.replies, BUDGETS, temperature=1.0)
+    gap = lambda model: np.concatenate([np.abs(np.asarray(logps[b]) - want) for b, want in
+                                        enumerate(episode_logps(model, rows, model_at, 1.0))])
+    bf16_gap = gap(bf16)
     # The static engine's bf16 bounds (sampling_test): a few bf16 ulps of the logits, since
     # the cache is read in another order than the full forward...
-    self.assertLess(gap(bf16).max(), 0.03)
-    self.assertLess(gap(bf16).mean(), 0.008)
+    self.assertLess(bf16_gap.max(), 0.03)
+    self.assertLess(bf16_gap.mean(), 0.008)
     # ...and further from the float32 model's: the comparison tells the dtypes apart.
-    self.assertGreater(gap(f32).mean(), gap(bf16).mean())
+    self.assertGreater(gap(f32).mean(), bf16_gap.mean())
 
   def test_errors(self):
     s = SamplingSettings(1, 4, 1.0, 0, 1.0, (EOS,), 0)

@@ -3,7 +3,7 @@ whole prefill's completion, and the requests already decoding go on while it goe
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from jaxrl_llm import models, sampling, serving
+from jaxrl_llm import sampling, serving
 from tests.serving import engine_test
 
 V, N = engine_test.V, engine_test.N
@@ -24,7 +24,7 @@ class ChunkedPrefillTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.model = models.from_pretrained(engine_test._model_dir())  # pylint: disable=protected-access
+    cls.model = engine_test._model()  # pylint: disable=protected-access
     cls.prompts = engine_test._prompts(3, LENGTHS)  # pylint: disable=protected-access
     cls.whole = engine_test._engine(cls.model, _layout(0))  # pylint: disable=protected-access
     cls.chunked = engine_test._engine(cls.model, _layout(PIECE))  # pylint: disable=protected-access

@@ -1,6 +1,7 @@
 """The serving engine against the static sampler: a request's key, prompt and settings give
 it the static engine's completion, whoever runs beside it and whenever it arrives."""
 import concurrent.futures
+import functools
 import tempfile
 import threading
 import time
@@ -25,9 +26,18 @@ LAYOUT_A = (3, 5, 40, 4, 5)
 LAYOUT_B = (2, 3, 36, 7, 0)
 
 
+@functools.cache
 def _model_dir(seed=0):
+  """A tiny random checkpoint, written once per process (this file's tests and those of
+  the files that import it only read it)."""
   hf = hf_testing.make_hf_model("qwen2", seed=seed, num_hidden_layers=2)
   return hf_testing.save_hf_model(hf, tempfile.mkdtemp())
+
+
+@functools.cache
+def _model(seed=0, dtype="float32"):
+  """`_model_dir(seed)` loaded once (no test changes a model)."""
+  return models.from_pretrained(_model_dir(seed), dtype)
 
 
 def _prompts(seed, lengths):
@@ -46,11 +56,24 @@ def _engine(model, layout, **kw):
   return serving.Engine(model, settings, layout, **kw)
 
 
-def _static(model, prompts, temperature=1.0, top_p=0.9, seed=SEED):
-  """The static engine's completions, one per prompt (row r is request r)."""
+@functools.cache
+def _static_sampler(temperature, top_p):
   settings = sampling.SamplingSettings(1, N, temperature, top_p=top_p, eos_ids=EOS_IDS, pad_id=0,
                                        engine="static")
-  return jax.device_get(sampling.Sampler(settings)(model, prompts, SEED if seed is None else seed))
+  return sampling.Sampler(settings)  # one per setting: its program traced once
+
+
+_STATIC = {}
+
+
+def _static(model, prompts, temperature=1.0, top_p=0.9, seed=SEED):
+  """The static engine's completions, one per prompt (row r is request r); computed once
+  per model (of `_model`), prompts and setting."""
+  key = (id(model), tuple(map(tuple, prompts)), temperature, top_p, seed)
+  if key not in _STATIC:
+    _STATIC[key] = jax.device_get(_static_sampler(temperature, top_p)(
+        model, prompts, SEED if seed is None else seed))
+  return _STATIC[key]
 
 
 def _keys(seed, num):
@@ -74,7 +97,7 @@ class EngineTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.model = models.from_pretrained(_model_dir())
+    cls.model = _model()
     cls.prompts = _prompts(0, LENGTHS)
     cls.want = _static(cls.model, cls.prompts)
     cls.engines = {}
@@ -214,7 +237,7 @@ class EngineTest(parameterized.TestCase):
 
   def test_publish_changes_the_weights_and_the_version(self):
     engine = self.engine()
-    other = models.from_pretrained(_model_dir(seed=1))
+    other = _model(seed=1)
     want_other = _static(other, self.prompts)
     self.assertNotEqual(want_other.tokens.tolist(), self.want.tokens.tolist())
     try:
@@ -235,7 +258,7 @@ class EngineTest(parameterized.TestCase):
     # Requests decoding at the publish end under the weights they began with; the publish
     # returns when they have, and a request submitted meanwhile runs the new weights.
     engine = self.engine()
-    other = models.from_pretrained(_model_dir(seed=1))
+    other = _model(seed=1)
     want_other = _static(other, self.prompts)
     requests = _requests(self.prompts)
     try:
@@ -262,7 +285,7 @@ class QueueTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.model = models.from_pretrained(_model_dir())
+    cls.model = _model()
     cls.prompts = _prompts(0, LENGTHS)
 
   def test_queue_full(self):
@@ -329,7 +352,7 @@ class QueueTest(absltest.TestCase):
 class Bfloat16Test(absltest.TestCase):
 
   def test_same_tokens_as_the_static_sampler(self):
-    model = models.from_pretrained(_model_dir(), "bfloat16")
+    model = _model(dtype="bfloat16")
     self.assertEqual(model.config.jnp_dtype, jax.numpy.bfloat16)
     prompts = _prompts(0, LENGTHS)
     want = _static(model, prompts)

@@ -14,22 +14,23 @@ from tests.serving import engine_test
 N = 24
 BUDGETS = (6, 20, 24, 9, 24, 16)  # requests end at different steps, others mid-way
 EOS_IDS = (3,)  # rarely drawn: most requests run to their budget
+CONTEXT = 48
 
 
 def _engine(model):
-  layout = serving.Layout(slots=3, context=48, page_size=4, chunk_steps=4, top_logprobs=0)
+  layout = serving.Layout(slots=3, context=CONTEXT, page_size=4, chunk_steps=4, top_logprobs=0)
   settings = sampling.SamplingSettings(1, N, 1.0, eos_ids=EOS_IDS, pad_id=0, page_size=4)
   return serving.PartialEngine(model, settings, layout, version=0)
 
 
-def _forward_logprobs(model, prompt, tokens):
-  """log p(tokens[t] | prompt, tokens[:t]) under `model`, one forward over the sequence."""
-  ids = jnp.asarray([prompt + tokens], jnp.int32)
+@jax.jit
+def _forward_logprobs(model, ids):
+  """log_softmax of `model`'s logits [B, T, V] over right-padded sequences `ids` [B, T]: one
+  forward over each whole sequence (the model is causal: the padding after a sequence
+  changes none of its log-probs)."""
   mask = jnp.ones_like(ids)
-  logits = models.forward(model, ids, models.positions_from_mask(mask), mask)[0][0]
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  at = np.arange(len(tokens)) + len(prompt) - 1
-  return np.asarray(logp[at, np.asarray(tokens)])
+  logits = models.forward(model, ids, models.positions_from_mask(mask), mask)[0]
+  return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
 
 def _until(n):
@@ -43,7 +44,7 @@ class PartialEngineTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.versions = {v: models.from_pretrained(engine_test._model_dir(seed=v)) for v in (0, 1, 2)}
+    cls.versions = {v: engine_test._model(seed=v) for v in (0, 1, 2)}  # pylint: disable=protected-access
     cls.prompts = engine_test._prompts(0, (7, 11, 8, 9, 14, 10))
     cls.keys = engine_test._keys(0, len(cls.prompts))
     cls.played = cls._play()
@@ -61,9 +62,17 @@ class PartialEngineTest(absltest.TestCase):
     return done + engine.run(lambda ended: False), engine
 
   def assert_each_token_from_its_version(self, done):
-    for f in done:
-      want = {v: _forward_logprobs(self.versions[v], self.prompts[f.id], f.tokens)
-              for v in set(f.versions)}
+    # log p(tokens[t] | prompt, tokens[:t]) under each version, every request in one call
+    # (padded to the context: one program for every version and call).
+    ids = np.zeros((len(done), CONTEXT), np.int32)
+    for i, f in enumerate(done):
+      seq = self.prompts[f.id] + f.tokens
+      ids[i, :len(seq)] = seq
+    logp = {v: np.asarray(_forward_logprobs(self.versions[v], ids))
+            for v in sorted({v for f in done for v in f.versions})}
+    for i, f in enumerate(done):
+      at = np.arange(len(f.tokens)) + len(self.prompts[f.id]) - 1
+      want = {v: logp[v][i, at, np.asarray(f.tokens)] for v in set(f.versions)}
       expected = [want[v][t] for t, v in enumerate(f.versions)]
       np.testing.assert_allclose(f.logprobs, expected, atol=1e-5, err_msg=f"request {f.id}")
 

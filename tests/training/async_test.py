@@ -1,12 +1,15 @@
 """Asynchronous rollouts: the synchronous loop unchanged, the staleness bound, resume."""
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import jax
 import numpy as np
+import pytest
 from absl.testing import absltest
 
 from jaxrl_llm import training
@@ -39,6 +42,21 @@ def _split_config(max_async_level, steps):
   return config
 
 
+@functools.cache
+def split_run(max_async_level: int) -> tuple[str, list[dict]]:
+  """(workdir, rows) of `_split_config(max_async_level, steps=4)`, run once per module: at
+  level 1 with a checkpoint every 2 steps (for `ResumeTest`), at level 2 with the IcePop
+  mask against the recorded behaviour log-probs."""
+  config = _split_config(max_async_level, steps=4)
+  if max_async_level == 1:
+    config.checkpoint.every = 2
+  if max_async_level == 2:
+    config.algo.behaviour_mask.level = "token"
+  workdir = tempfile.mkdtemp(prefix=f"async_split_{max_async_level}_")
+  training.train(config, workdir)
+  return workdir, read_jsonl(workdir)
+
+
 class SynchronousTest(absltest.TestCase):
 
   def test_level_zero_reproduces_the_recorded_metrics(self):
@@ -53,7 +71,7 @@ class SynchronousTest(absltest.TestCase):
       for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
-
+  @pytest.mark.mesh
   def test_split_placement_without_staleness(self):
     # On-policy in float32 the behaviour weights are 1 up to rounding: the mask is a no-op.
     config = _split_config(0, steps=2)
@@ -67,17 +85,14 @@ class SynchronousTest(absltest.TestCase):
     self.assertEqual([r["behaviour_mask_frac"] for r in rows], [0.0, 0.0])
 
 
+@pytest.mark.mesh
 class StalenessTest(absltest.TestCase):
 
   def test_versions_within_the_bound(self):
     # Version v = the policy after v updates; step s (0-based) samples with max(s - k, 0).
     for k, versions in ((1, [0, 0, 1, 2]), (2, [0, 0, 0, 1])):
-      config = _split_config(k, steps=4)
-      if k == 2:  # the IcePop mask against the recorded behaviour log-probs, logged
-        config.algo.behaviour_mask.level = "token"
-      workdir = self.create_tempdir().full_path
-      training.train(config, workdir)
-      rows = read_jsonl(workdir)
+      # k == 2: the IcePop mask against the recorded behaviour log-probs, logged
+      _, rows = split_run(k)
       self.assertEqual([r["step"] for r in rows], [1, 2, 3, 4])
       self.assertEqual([r["async/policy_version"] for r in rows], versions, f"k={k}")
       for r in rows:
@@ -105,14 +120,13 @@ class FailureTest(absltest.TestCase):
     self.assertLen(read_jsonl(workdir), 2)  # the steps before it trained and logged
 
 
+@pytest.mark.mesh
 class ResumeTest(absltest.TestCase):
 
   def test_resume_restarts_the_pipeline_from_the_checkpoint(self):
     config = _split_config(1, steps=4)
     config.checkpoint.every = 2
-    first = self.create_tempdir().full_path
-    training.train(config, first)
-    rows = read_jsonl(first)
+    first, rows = split_run(1)  # the run StalenessTest checks at k=1
     self.assertEqual([r["async/policy_version"] for r in rows], [0, 0, 1, 2])
     resumed = resume_from_step_two(config, first, self.create_tempdir().full_path)
     self.assertEqual([r["step"] for r in resumed], [1, 2, 3, 4])  # each step logged once

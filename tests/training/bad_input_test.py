@@ -13,6 +13,7 @@ import sys
 from unittest import mock
 
 import jax
+import pytest
 from absl.testing import absltest, parameterized
 
 from configs import smoke
@@ -33,11 +34,19 @@ def small_config():
   return config
 
 
-def run_train(flags):
+def train_env(devices=None):
+  """The environment of `python -m launch.train`: the CPU (`devices` fake CPU devices, or as
+  many as this session has)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  if devices is not None:
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  return env
+
+
+def run_train(flags, devices=None):
   """`python -m launch.train FLAGS` in the repository, on the CPU."""
   return subprocess.run([sys.executable, "-m", "launch.train", *flags], cwd=REPO,
-                        capture_output=True, text=True, timeout=600,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+                        capture_output=True, text=True, timeout=600, env=train_env(devices))
 
 
 def write_jsonl(path, prompts):
@@ -127,9 +136,6 @@ class ConfigKeysTest(CatalogTest):
       ("missing_model_path", ["--config.model.path=/no/such/model"],
        "config.model.path='/no/such/model': model path '/no/such/model' does not exist or is "
        "not a directory (expected a "),
-      ("mesh_does_not_fit", ["--config.mesh.data=3"],
-       "config.mesh (data=3, fsdp=1, expert=1, context=1, tensor=1) needs 3 devices; there are "
-       "8: expected sizes whose product is 8 (or one axis -1 for the rest)"),
       ("log_every_zero", ["--config.train.log_every=0"],
        "config.train.log_every=0: expected a positive integer"),
       ("checkpoint_keep_zero", ["--config.checkpoint.keep=0"],
@@ -141,8 +147,18 @@ class ConfigKeysTest(CatalogTest):
   )
   def test_config_value_on_the_command_line(self, flags, message):
     """A value the validation refuses: exit 2 and exactly one line, before the workdir exists."""
+    self.assert_refused_on_the_command_line(flags, message)
+
+  def test_config_value_on_the_command_line_mesh_does_not_fit(self):
+    """The command run on 8 CPU devices (its own XLA_FLAGS), whatever this session has."""
+    self.assert_refused_on_the_command_line(
+        ["--config.mesh.data=3"],
+        "config.mesh (data=3, fsdp=1, expert=1, context=1, tensor=1) needs 3 devices; there are "
+        "8: expected sizes whose product is 8 (or one axis -1 for the rest)", devices=8)
+
+  def assert_refused_on_the_command_line(self, flags, message, devices=None):
     workdir = self.new_workdir()
-    run = run_train([f"--workdir={workdir}", "--config=configs/smoke.py", *flags])
+    run = run_train([f"--workdir={workdir}", "--config=configs/smoke.py", *flags], devices)
     self.assertEqual(run.returncode, 2, run.stderr)
     lines = run.stderr.strip().splitlines()
     self.assertLen(lines, 1, run.stderr)
@@ -295,6 +311,7 @@ class ValuesTest(CatalogTest):
        "config.mesh (data=-1, fsdp=3, expert=1, context=1, tensor=1): the other axes (3 "
        "devices) do not divide the 8 devices"),
   )
+  @pytest.mark.mesh
   def test_mesh_shape(self, shape, message):
     self.assertEqual(jax.device_count(), 8)
     config = small_config()
@@ -309,6 +326,7 @@ class ValuesTest(CatalogTest):
       ("data_and_fsdp_axes", dict(data=2, fsdp=4, tensor=1), 1, 2, "2 rollout rows", 8,
        "data=2 x fsdp=4 x expert=1"),
   )
+  @pytest.mark.mesh
   def test_batch_not_divisible_by_the_batch_shards(self, shape, P, G, rows, shards, sizes):
     config = small_config()
     config.mesh.update(shape)
@@ -318,6 +336,7 @@ class ValuesTest(CatalogTest):
         f"split over the {shards} batch shards of the mesh ({sizes}, the axes config.mesh.rules "
         f"maps 'batch' to): expected a multiple of {shards}"))
 
+  @pytest.mark.mesh
   def test_batch_shards_follow_the_rules(self):
     config = small_config()
     config.mesh.update(data=2, fsdp=4, tensor=1)

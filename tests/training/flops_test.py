@@ -1,5 +1,6 @@
 """Model-FLOP accounting against hand counts, and the peak it is measured against."""
 import jax
+import pytest
 from absl.testing import absltest, parameterized
 
 from configs import gspo, grpo, ppo, sft
@@ -86,6 +87,7 @@ class PeakTest(parameterized.TestCase):
   def test_table(self, kind, peak):
     self.assertEqual(flops.table_peak(kind), peak)
 
+  @pytest.mark.mesh
   def test_override_then_measured_fallback(self):
     devices = jax.devices()[:2]
     self.assertEqual(flops.peak_flops_per_device(devices, 5e12),

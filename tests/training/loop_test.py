@@ -7,6 +7,7 @@ from unittest import mock
 
 import jax
 import numpy as np
+import pytest
 from absl.testing import absltest, parameterized
 
 from configs import smoke
@@ -93,6 +94,7 @@ def _small_config(steps=4):
   return config
 
 
+@pytest.mark.mesh
 class ShardingTest(absltest.TestCase):
 
   def test_eight_devices_match_one(self):

@@ -10,6 +10,7 @@ import peft
 import safetensors.numpy
 import torch
 import transformers
+import pytest
 from absl.testing import absltest
 
 from configs import grpo_arithmetic_lora
@@ -52,6 +53,7 @@ class LoraSetupTest(absltest.TestCase):
 
 class LoraTrainingTest(absltest.TestCase):
 
+  @pytest.mark.mesh
   def test_resume_is_exact_and_the_exports_match_peft(self):
     config = _arithmetic_lora(4)
     config.lora.dropout = 0.1
@@ -114,6 +116,7 @@ class LoraTrainingTest(absltest.TestCase):
     self.assertIn("fingerprint", lines[0])
     self.assertEqual(sorted(os.listdir(workdir)), before)
 
+  @pytest.mark.mesh
   def test_asynchronous_rollouts_on_their_own_devices(self):
     config = async_configs.get_config("split")
     config.train.steps = 2

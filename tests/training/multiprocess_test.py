@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 from absl.testing import absltest
 
 from jaxrl_llm import training
@@ -172,6 +173,7 @@ class MultiTurnMultiProcessTest(absltest.TestCase):
     assert_same_rollouts(self, one, two, 16)  # step 2: 4 records x 4 episodes
 
 
+@pytest.mark.mesh
 class AsyncMultiProcessTest(absltest.TestCase):
   """max_async_level=1 over 2 processes x 4 devices: the same run as 1 process x 8."""
 

@@ -6,6 +6,7 @@ from unittest import mock
 
 import jax
 import numpy as np
+import pytest
 from absl.testing import absltest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -40,6 +41,7 @@ def _rollout(config, S0=16):
 
 class ShardingTest(absltest.TestCase):
 
+  @pytest.mark.mesh
   def test_minibatches_and_step_inputs_keep_the_batch_sharding(self):
     config = _gspo_on_eight_devices()
     setup = training.set_up(config, training.make_plan(config))
@@ -69,6 +71,7 @@ class ShardingTest(absltest.TestCase):
 
 class ThroughputTest(absltest.TestCase):
 
+  @pytest.mark.mesh
   def test_mfu_is_the_step_flops_over_time_and_peak(self):
     config = smoke.get_config()
     config.train.peak_flops_per_device = 1e9

@@ -4,6 +4,7 @@ the sampler's KV cache holds at most its share per device; an update and a check
 round trip keep that layout."""
 import jax
 import numpy as np
+import pytest
 from absl.testing import absltest, parameterized
 
 from configs import grpo, gspo, ppo
@@ -11,6 +12,8 @@ from jaxrl_llm import checkpoints, sampling, training
 from jaxrl_llm.training import prepare, setup as setup_lib
 from jaxrl_llm.training import state as state_lib
 from tests.training.programs_test import _rollout
+
+pytestmark = pytest.mark.mesh  # every test here audits arrays sharded over the 8-device mesh
 
 PRESETS = {"grpo": grpo, "ppo": ppo, "gspo": gspo}
 MESHES = {"fsdp8": dict(data=1, fsdp=8, tensor=1), "fsdp4_tensor2": dict(data=1, fsdp=4, tensor=2)}
