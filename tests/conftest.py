@@ -51,16 +51,20 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def _xla_optimizations(request):
   """`@pytest.mark.optimized`: this test's programs compile with XLA's optimisations (its
-  subprocesses: pass JAX_DISABLE_MOST_OPTIMIZATIONS=0 in their environment)."""
+  subprocesses: pass JAX_DISABLE_MOST_OPTIMIZATIONS=0 in their environment). JAX's
+  in-memory caches do not key on the setting: they are cleared before and after, so that
+  no program compiled the other way is reused (a test's numbers depend on it)."""
   if request.node.get_closest_marker("optimized") is None:
     yield
     return
   before = jax.config.read("jax_disable_most_optimizations")
+  jax.clear_caches()
   jax.config.update("jax_disable_most_optimizations", False)
   try:
     yield
   finally:
     jax.config.update("jax_disable_most_optimizations", before)
+    jax.clear_caches()
 
 
 def pytest_runtest_setup(item):

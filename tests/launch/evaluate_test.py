@@ -3,8 +3,6 @@ Hugging Face directory (the demo's shipped warm start) or a training workdir's c
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import jax
@@ -18,6 +16,7 @@ from jaxrl_llm import config as config_lib
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.rewards import arithmetic
 from jaxrl_llm.training import answers, checkpoint_eval, pass_at_k, saved_policy
+from tests import cli_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NUM_EVAL = 12  # records of the eval split: small, so the test is fast
@@ -36,10 +35,15 @@ def small_config():
 
 
 def run_evaluate(flags):
-  """`python -m launch.evaluate FLAGS` in the repository, on the CPU."""
-  return subprocess.run([sys.executable, "-m", "launch.evaluate", *flags], cwd=REPO,
-                        capture_output=True, text=True, timeout=300,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  """`python -m launch.evaluate FLAGS` in the repository, on the CPU: a process (its exit
+  status, stdout, stderr), forked from one that has the libraries imported already
+  (tests/cli_runs.py)."""
+  return cli_runs.run("launch.evaluate", flags, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                      cwd=REPO, timeout=300)
+
+
+def tearDownModule():
+  cli_runs.close_all()
 
 
 def read_outputs(output):

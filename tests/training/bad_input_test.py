@@ -20,6 +20,7 @@ from configs import smoke
 from jaxrl_llm import training
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm import config as config_lib
+from tests import cli_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKE_REWARDS = "tests.rewards.fake_rewards"
@@ -44,9 +45,20 @@ def train_env(devices=None):
 
 
 def run_train(flags, devices=None):
-  """`python -m launch.train FLAGS` in the repository, on the CPU."""
+  """`python -m launch.train FLAGS` in the repository, on the CPU: a process (its exit
+  status, stdout, stderr), forked from one that has the libraries imported already
+  (tests/cli_runs.py; `CliRunsTest` checks that a fresh interpreter's run is the same)."""
+  return cli_runs.run("launch.train", flags, env=train_env(devices), cwd=REPO, timeout=600)
+
+
+def run_train_fresh(flags):
+  """`python -m launch.train FLAGS` in a fresh interpreter."""
   return subprocess.run([sys.executable, "-m", "launch.train", *flags], cwd=REPO,
-                        capture_output=True, text=True, timeout=600, env=train_env(devices))
+                        capture_output=True, text=True, timeout=600, env=train_env())
+
+
+def tearDownModule():
+  cli_runs.close_all()
 
 
 def write_jsonl(path, prompts):
@@ -83,6 +95,22 @@ class CatalogTest(parameterized.TestCase):
     ckpts = os.path.join(workdir, "checkpoints")
     saved = sorted(os.listdir(ckpts)) if os.path.isdir(ckpts) else []
     self.assertEqual(saved, [str(s) for s in checkpoints])
+
+
+class CliRunsTest(CatalogTest):
+  """The command-line runs here are forked from a process with the libraries imported
+  (tests/cli_runs.py); a fresh interpreter's run of a refused config value is the same: exit
+  status 2, stdout and the one line on stderr."""
+
+  def test_a_fresh_interpreter_gives_the_same_run(self):
+    workdir = self.new_workdir()
+    flags = [f"--workdir={workdir}", "--config=configs/smoke.py", "--config.optimizer.lr=-1"]
+    fresh, forked = run_train_fresh(flags), run_train(flags)
+    self.assertEqual((forked.returncode, forked.stdout, forked.stderr),
+                     (fresh.returncode, fresh.stdout, fresh.stderr))
+    self.assertEqual(fresh.returncode, 2, fresh.stderr)
+    self.assertEqual(fresh.stderr, "config.optimizer.lr=-1.0: expected a positive learning rate\n")
+    self.assertFalse(os.path.exists(workdir))
 
 
 # --- 1. unknown or mistyped config keys ----------------------------------------------------------

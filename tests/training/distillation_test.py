@@ -68,7 +68,9 @@ def save_deeper_teacher(path, extra_rows=32):
 
 class DistillationRunTest(absltest.TestCase):
 
-  @pytest.mark.slow
+  @pytest.mark.optimized  # 20 steps of 512 sampled rows: XLA's optimisations pay
+  @pytest.mark.slow("learning is the property: 20 steps of the preset's 512 rows, the fewest "
+                    "in which the reverse KL falls and the accuracy rises beyond noise")
   def test_student_learns_from_a_larger_teacher_on_the_demo_task(self):
     # Student: the demo's warm start (4 layers, 128 embedding rows); teacher: the GRPO-trained
     # model with 5 layers and 160 rows. 20 steps of the preset's 512 sampled rows.
