@@ -1,8 +1,6 @@
 """GRPO with LoRA end to end: the state, the reference, resume, the exports against PEFT."""
 import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -17,10 +15,9 @@ from configs import grpo_arithmetic_lora
 from jaxrl_llm import assets, models, training
 from jaxrl_llm.models import lora
 from jaxrl_llm.training import setup as setup_lib
+from tests import cli_runs
 from tests.training import async_configs
 from tests.training.run_logs import assert_rows_close, read_jsonl, resume_from_step_two
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _arithmetic_lora(steps: int, base_path: str | None = None):
@@ -103,11 +100,10 @@ class LoraTrainingTest(absltest.TestCase):
     tensors[name] = tensors[name] + np.float32(1e-3)
     safetensors.numpy.save_file(tensors, weights, metadata={"format": "pt"})
     before = sorted(os.listdir(workdir))
-    done = subprocess.run(
-        [sys.executable, "-m", "launch.train", "--config=configs/grpo_arithmetic_lora.py:runlocal",
-         f"--workdir={workdir}", f"--config.model.path={base}", "--config.train.steps=4",
-         "--config.checkpoint.every=2"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+    done = cli_runs.run(
+        "launch.train", ["--config=configs/grpo_arithmetic_lora.py:runlocal",
+                         f"--workdir={workdir}", f"--config.model.path={base}",
+                         "--config.train.steps=4", "--config.checkpoint.every=2"],
         env=dict(os.environ, JAX_PLATFORMS="cpu"))
     self.assertEqual(done.returncode, 2, done.stderr[-2000:])
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]

@@ -1,8 +1,6 @@
 """Mixed sources (`config.sources`): each row gets what a run of its source alone gives it,
 one compiled program serves any mix, and a mixed run logs per source and resumes exactly."""
 import os
-import subprocess
-import sys
 
 from absl.testing import absltest
 import jax
@@ -16,9 +14,9 @@ from jaxrl_llm.config import ConfigError, source_config
 from jaxrl_llm.training import plan as plan_lib
 from jaxrl_llm.training import prepare, rollouts, steps
 from jaxrl_llm.training import setup as setup_lib
+from tests import cli_runs
 from tests.training.run_logs import comparable, read_jsonl, resume_from_step_two
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 G, N = 4, 6
 
 
@@ -241,11 +239,10 @@ class MixedRunTest(absltest.TestCase):
 
   def test_the_cli_runs_the_mixed_preset(self):
     workdir = self.create_tempdir().full_path
-    result = subprocess.run(
-        [sys.executable, "-m", "launch.train", "--config=configs/arithmetic.py:preset=mixed,runlocal",
-         "--config.sources.rl.weight=0.25", "--config.train.eval_every=2",
-         f"--workdir={workdir}"], cwd=REPO, capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    result = cli_runs.run(
+        "launch.train", ["--config=configs/arithmetic.py:preset=mixed,runlocal",
+                         "--config.sources.rl.weight=0.25", "--config.train.eval_every=2",
+                         f"--workdir={workdir}"], env=dict(os.environ, JAX_PLATFORMS="cpu"))
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     self.assertIn("plan: sources: distill (0.5: distill 1), rl (0.25: grpo)",  # in name order
                   result.stdout + result.stderr)

@@ -53,7 +53,8 @@ CASES = {
 
 
 def run_case(name: str, workdir: str) -> list[dict]:
-  """The metrics (timing fields dropped) of case `name` trained in `workdir` on 2 devices."""
+  """The metrics (timing fields dropped) of case `name` trained in `workdir` on 2 devices
+  (as recorded; in a session of one device, on that one)."""
   preset, overrides = CASES[name]
   config = importlib.import_module(f"configs.{preset}").get_config("runlocal")
   config.train.peak_flops_per_device = 1e9
@@ -64,12 +65,6 @@ def run_case(name: str, workdir: str) -> list[dict]:
   return [{k: v for k, v in r.items() if k not in TIMING} for r in read_jsonl(workdir)]
 
 
-# As recorded: on 2 of the 8 devices, compiled with XLA's optimisations (PPO's trajectory
-# follows how XLA rounds: on 1 device, or without the optimisations, it takes another).
-@pytest.mark.mesh
-@pytest.mark.optimized
-@pytest.mark.slow("six short training runs, each compiling the trainer's programs for its "
-                  "preset: the recordings are of whole runs")
 class UnchangedMetricsTest(parameterized.TestCase):
 
   def assert_matches(self, name, rows, recorded):
@@ -79,8 +74,7 @@ class UnchangedMetricsTest(parameterized.TestCase):
       for k in want:  # another CPU's XLA may round differently: 1e-5
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f"{name} {k}")
 
-  @parameterized.parameters(*CASES)
-  def test_metrics_as_recorded(self, name):
+  def assert_as_recorded(self, name):
     rows = run_case(name, self.create_tempdir().full_path)
     recordings = []
     for path in (RECORDED, *RECORDED_ELSEWHERE):
@@ -94,6 +88,18 @@ class UnchangedMetricsTest(parameterized.TestCase):
       except AssertionError as e:
         errors.append(str(e))
     self.fail(f"{name} matches none of the {len(recordings)} recordings:\n" + "\n".join(errors))
+
+  # Within 1e-5 of the recordings on one device and compiled unoptimised too.
+  @parameterized.parameters(*(name for name in CASES if name != "ppo"))
+  def test_metrics_as_recorded(self, name):
+    self.assert_as_recorded(name)
+
+  # As recorded: on 2 of the 8 devices, compiled with XLA's optimisations (PPO's trajectory
+  # follows how XLA rounds: on 1 device, or unoptimised, it takes another).
+  @pytest.mark.mesh
+  @pytest.mark.optimized
+  def test_ppo_metrics_as_recorded(self):
+    self.assert_as_recorded("ppo")
 
 
 if __name__ == "__main__":
