@@ -2,7 +2,10 @@
 only, on this CPU host), with the TPU kernels chosen; its report, JSON line and exit codes.
 
 Tiny models in bf16 at a sequence of 128 (so the training attention is splash's), on
-v5e:2x2 (4 chips on one host) unless a test is about hosts or slices.
+v5e:2x2 (4 chips on one host), except the dense step (`dense_analysis`), compiled once on
+v5e:4x4 (16 chips on 4 hosts) for the tests of its report and of several hosts, and the
+slices'. Every XLA:TPU compile here is a real one (an update's takes tens of seconds):
+JAX's persistent cache cannot read a program compiled without a TPU client back.
 """
 import functools
 import importlib.util
@@ -34,19 +37,30 @@ def tiny_tpu_config(preset: str = "grpo", **arch):
   return config
 
 
-def analyse(config, topology: str = "v5e:2x2", num_slices: int = 1):
+def analyse(config, topology: str = "v5e:2x2", num_slices: int = 1, only: tuple[str, ...] = ()):
+  """The step's programs compiled for the slice (`only`: those named; each XLA:TPU compile
+  takes seconds, an update's tens of them, and none is cached: a compile without a TPU
+  client cannot read JAX's persistent cache back)."""
   devices = chips.topology_devices(topology, num_slices)
   config = report.for_compiling(config)
   config_lib.validate(config, devices)
   plan = training.make_plan(config)
   setup = training.set_up(config, plan, devices, abstract=True)
-  return analysis.analyse(config, plan, setup, topology), setup
+  return analysis.analyse(config, plan, setup, topology, only=only), setup
+
+
+def hosts_config():
+  """`tiny_tpu_config` with a batch for 16 chips."""
+  config = tiny_tpu_config()
+  config.train.prompts_per_step = 16
+  return config
 
 
 @functools.cache
 def dense_analysis():
-  """`analyse(tiny_tpu_config())`, compiled once for the tests that read it."""
-  return analyse(tiny_tpu_config())
+  """The tiny dense step on v5e:4x4 (16 chips on 4 hosts), compiled once for the tests
+  that read it: the splash kernels, the report's figures and the multi-host program."""
+  return analyse(hosts_config(), "v5e:4x4")
 
 
 def compile_cli(*flags):
@@ -129,9 +143,9 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertIn("k_sd", cache)  # slot-major keys: the TPU's layout, not the host's
 
   def test_lora_update_takes_the_frozen_base(self):
-    config = tiny_tpu_config()
+    config = hosts_config()  # dense_analysis's, with LoRA
     config.lora.update(rank=8, base_quant="int8")
-    result, setup = analyse(config)
+    result, setup = analyse(config, "v5e:4x4", only=("policy_update",))  # what this checks
     update = next(p for p in result.programs if p.name == "policy_update")
     self.assertNotIn("base", update.resident)  # an argument of the update
     self.assertIsNotNone(setup.models.base)
@@ -140,12 +154,10 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertLess(update.argument_bytes, full_update.argument_bytes)  # adapters + int8 base
 
   def test_the_global_program_compiles_for_several_hosts_and_slices(self):
-    config = tiny_tpu_config()
-    config.train.prompts_per_step = 16
-    hosts, setup = analyse(config, "v5e:4x4")  # 16 chips on 4 hosts
+    hosts, setup = dense_analysis()  # v5e:4x4: 16 chips on 4 hosts
     self.assertEqual(setup.models.mesh.size, 16)
     self.assertTrue(hosts.all_fit)
-    slices, setup = analyse(config, "v5e:2x4", num_slices=2)  # 2 slices of 8 chips
+    slices, setup = analyse(hosts_config(), "v5e:2x4", num_slices=2)  # 2 slices of 8 chips
     data = setup.models.mesh.devices  # [data, fsdp, expert, context, tensor]
     self.assertEqual({d.slice_index for d in data[: data.shape[0] // 2].flat}, {0})
     self.assertEqual({d.slice_index for d in data[data.shape[0] // 2:].flat}, {1})
