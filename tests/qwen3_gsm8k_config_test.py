@@ -22,7 +22,6 @@ from jaxrl_llm import sharding as sh
 from jaxrl_llm import training
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm import config as config_lib
-from tests import hf_testing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # variant -> (devices, processes, mesh it resolves to)
@@ -39,6 +38,9 @@ PODS = {  # run with 16 devices in a subprocess
 def tiny_qwen3(path: str, arch: str = "qwen3") -> str:
   """A random 3-layer Qwen3 (or Qwen3-MoE) and a character tokenizer with a chat template,
   in `path`."""
+  # Here, not at the top: the 16-device subprocess imports this module for `validate`, and
+  # hf_testing brings torch (most of that process's start).
+  from tests import hf_testing  # pylint: disable=g-import-not-at-top
   hf_testing.save_hf_model(hf_testing.make_hf_model(arch, vocab_size=128), path)
   char_tokenizer.build_char_tokenizer(path, vocab_size=128,
                                       chat_template=char_tokenizer.SIMPLE_CHAT_TEMPLATE)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from absl.testing import absltest
 
 from configs import qwen3_moe_gsm8k
@@ -47,6 +48,9 @@ class Qwen3MoeConfigTest(absltest.TestCase):
     self.assertEqual(config.train.prompts_per_step % 8, 0)  # 8 hosts load equal shares
     self.assertEqual(config.algo.routing_replay, "rollout")
 
+  @pytest.mark.slow("trains the recipe's own runlocal variant end to end (two steps): the "
+                    "MoE sampler that records the routing, prepare and the update that "
+                    "replays it each compile for CPU")
   def test_runlocal_trains_on_a_tiny_qwen3_moe(self):
     rows = dense_test.train_runlocal(self, qwen3_moe_gsm8k.get_config("runlocal"), self.model)
     self.assertEqual([r["step"] for r in rows], [1, 2])

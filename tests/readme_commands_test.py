@@ -37,9 +37,11 @@ def commands(block: str, program: str) -> list[str]:
           if program in line and not line.lstrip().startswith("#")]
 
 
-@pytest.mark.slow
 class ReadmeCommandsTest(absltest.TestCase):
 
+  @pytest.mark.slow("three README commands, each its own `jaxrl-llm-train --dry_run` process "
+                    "(the command as a user runs it is what is checked): each start imports "
+                    "jax, transformers and the library again")
   def test_qwen3_recipe_commands(self):
     home = self.create_tempdir().full_path
     for size in ("0.6B", "1.7B"):

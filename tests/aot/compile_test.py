@@ -2,7 +2,10 @@
 only, on this CPU host), with the TPU kernels chosen; its report, JSON line and exit codes.
 
 Tiny models in bf16 at a sequence of 128 (so the training attention is splash's), on
-v5e:2x2 (4 chips on one host) unless a test is about hosts or slices.
+v5e:2x2 (4 chips on one host), except the dense step (`dense_analysis`), compiled once on
+v5e:4x4 (16 chips on 4 hosts) for the tests of its report and of several hosts, and the
+slices'. Every XLA:TPU compile here is a real one (an update's takes tens of seconds):
+JAX's persistent cache cannot read a program compiled without a TPU client back.
 """
 import functools
 import importlib.util
@@ -11,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from absl.testing import absltest
 
 from jaxrl_llm import config as config_lib
@@ -20,6 +24,15 @@ from jaxrl_llm.aot import analysis, chips, report, step
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 SPLASH = ("splash_mqa_fwd", "splash_mqa_dkv", "splash_mqa_dq")
+COMPILES = ("XLA:TPU compiles a step's programs on this CPU host, an update's for tens of "
+            "seconds, and none can be read back from the persistent cache (no TPU client)")
+pytestmark = pytest.mark.slow_file(
+    "about 20 XLA:TPU compiles in process and 3 launch.compile processes (one --search: "
+    "10 more), each the only check of its recipe: " + COMPILES)
+
+
+def slow(why: str):
+  return pytest.mark.slow(f"{why}: {COMPILES}")
 
 
 def tiny_tpu_config(preset: str = "grpo", **arch):
@@ -34,19 +47,30 @@ def tiny_tpu_config(preset: str = "grpo", **arch):
   return config
 
 
-def analyse(config, topology: str = "v5e:2x2", num_slices: int = 1):
+def analyse(config, topology: str = "v5e:2x2", num_slices: int = 1, only: tuple[str, ...] = ()):
+  """The step's programs compiled for the slice (`only`: those named; each XLA:TPU compile
+  takes seconds, an update's tens of them, and none is cached: a compile without a TPU
+  client cannot read JAX's persistent cache back)."""
   devices = chips.topology_devices(topology, num_slices)
   config = report.for_compiling(config)
   config_lib.validate(config, devices)
   plan = training.make_plan(config)
   setup = training.set_up(config, plan, devices, abstract=True)
-  return analysis.analyse(config, plan, setup, topology), setup
+  return analysis.analyse(config, plan, setup, topology, only=only), setup
+
+
+def hosts_config():
+  """`tiny_tpu_config` with a batch for 16 chips."""
+  config = tiny_tpu_config()
+  config.train.prompts_per_step = 16
+  return config
 
 
 @functools.cache
 def dense_analysis():
-  """`analyse(tiny_tpu_config())`, compiled once for the tests that read it."""
-  return analyse(tiny_tpu_config())
+  """The tiny dense step on v5e:4x4 (16 chips on 4 hosts), compiled once for the tests
+  that read it: the splash kernels, the report's figures and the multi-host program."""
+  return analyse(hosts_config(), "v5e:4x4")
 
 
 def compile_cli(*flags):
@@ -57,6 +81,7 @@ def compile_cli(*flags):
 @absltest.skipUnless(HAS_LIBTPU, "the TPU compiler (pip install -e '.[tpu]') is not installed")
 class CompileForTpuTest(absltest.TestCase):
 
+  @slow("the tiny dense step's 3 programs on v5e:4x4 (shared with the hosts test)")
   def test_dense_step_compiles_with_splash_in_training(self):
     result, _ = dense_analysis()
     programs = {p.name: p for p in result.programs}
@@ -93,6 +118,7 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertEqual(kv_cache_bytes(0), (2 * 2 + 4 * 2 + 1) * page)
     self.assertEqual(kv_cache_bytes(5), (2 * 2 + 5 + 1) * page)
 
+  @slow("PPO's 4 programs, its value update with splash's backward kernels")
   def test_ppo_value_update_compiles_with_splash(self):
     result, _ = analyse(tiny_tpu_config("ppo"))
     programs = {p.name: p for p in result.programs}
@@ -103,6 +129,7 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertGreater(value.flops, 0)
     self.assertTrue(result.all_fit)
 
+  @slow("an MoE step's 3 programs with expert parallelism and routing replay")
   def test_moe_with_routing_replay_compiles(self):
     config = tiny_tpu_config(model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
                              moe_intermediate_size=128)
@@ -116,6 +143,7 @@ class CompileForTpuTest(absltest.TestCase):
     plan = training.make_plan(report.for_compiling(config))
     self.assertIsNotNone(step.minibatch(report.for_compiling(config), plan, setup).routing)
 
+  @slow("the multi-turn preset's 3 programs")
   def test_multi_turn_turn_program_compiles_in_the_tpu_cache_layout(self):
     config = config_lib.preset("grpo_calculator")
     result, setup = analyse(config)
@@ -129,9 +157,9 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertIn("k_sd", cache)  # slot-major keys: the TPU's layout, not the host's
 
   def test_lora_update_takes_the_frozen_base(self):
-    config = tiny_tpu_config()
+    config = hosts_config()  # dense_analysis's, with LoRA
     config.lora.update(rank=8, base_quant="int8")
-    result, setup = analyse(config)
+    result, setup = analyse(config, "v5e:4x4", only=("policy_update",))  # what this checks
     update = next(p for p in result.programs if p.name == "policy_update")
     self.assertNotIn("base", update.resident)  # an argument of the update
     self.assertIsNotNone(setup.models.base)
@@ -139,18 +167,18 @@ class CompileForTpuTest(absltest.TestCase):
     full_update = next(p for p in full.programs if p.name == "policy_update")
     self.assertLess(update.argument_bytes, full_update.argument_bytes)  # adapters + int8 base
 
+  @slow("the multislice step's 3 programs")
   def test_the_global_program_compiles_for_several_hosts_and_slices(self):
-    config = tiny_tpu_config()
-    config.train.prompts_per_step = 16
-    hosts, setup = analyse(config, "v5e:4x4")  # 16 chips on 4 hosts
+    hosts, setup = dense_analysis()  # v5e:4x4: 16 chips on 4 hosts
     self.assertEqual(setup.models.mesh.size, 16)
     self.assertTrue(hosts.all_fit)
-    slices, setup = analyse(config, "v5e:2x4", num_slices=2)  # 2 slices of 8 chips
+    slices, setup = analyse(hosts_config(), "v5e:2x4", num_slices=2)  # 2 slices of 8 chips
     data = setup.models.mesh.devices  # [data, fsdp, expert, context, tensor]
     self.assertEqual({d.slice_index for d in data[: data.shape[0] // 2].flat}, {0})
     self.assertEqual({d.slice_index for d in data[data.shape[0] // 2:].flat}, {1})
     self.assertTrue(slices.all_fit)
 
+  @slow("launch.compile --search in its own process: 3 remats x 2 programs, then the step's 4")
   def test_cli_searches_reports_every_program_and_exits_0_when_it_fits(self):
     # 1 prompt x G 4 = 4 rows over 4 batch shards: micro-batch 4, three remats.
     run = compile_cli("--config=grpo", "--topology=v5e:2x2", "--config.model.dtype=bfloat16",
@@ -171,6 +199,7 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertTrue(last["fits"])
     self.assertIn("MFU bound", run.stdout)
 
+  @slow("launch.compile in its own process (the exit status is checked): a large update")
   def test_cli_exits_3_naming_the_program_that_does_not_fit(self):
     # 2 x 131072 x 8192 float32 embeddings with Adam's moments, replicated: ~48 GiB a chip.
     run = compile_cli("--config=grpo", "--topology=v5e:2x2", "--config.model.arch.vocab_size=131072",

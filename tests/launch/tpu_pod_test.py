@@ -8,6 +8,7 @@ the printed commands back with shlex (`--dry-run`). What depends on a slice's st
 trainer. Worker counts (Cloud TPU docs, see the module docstring): v5litepod-16 = 16 v5e
 chips on 4 VMs of 4; v5p-32 = 32 TensorCores = 16 chips on 4 VMs of 4.
 """
+import functools
 import json
 import os
 import shlex
@@ -54,6 +55,21 @@ def tpu_pod(*args, dry_run=True, env=None):
   return subprocess.run([sys.executable, SCRIPT, *(["--dry-run"] if dry_run else []), *args],
                         capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(),
                         env=env)
+
+
+@functools.cache
+def printed(*args):
+  """`tpu_pod(*args)` with --dry-run (it prints, runs nothing), once for the tests that read
+  the same command: a `train` imports the library to check its --config (seconds)."""
+  return tpu_pod(*args)
+
+
+# The `train` commands that several tests read: a multi-host slice's, a single host's.
+POD_TRAIN = ("train", "--name=rl-pod", "--zone=us-east5-a", "--accelerator=v5p-32",
+             "--config=configs/qwen3_gsm8k.py:tpu_v5p_32", "--workdir=gs://b/run 1", "--",
+             "--config.model.path=Qwen3-0.6B", "--config.train.steps=5")
+HOST_TRAIN = ("train", "--name=one", "--zone=us-west4-a", "--accelerator=v5litepod-8",
+              "--config=smoke", "--workdir=/tmp/run", "--nofollow")
 
 
 def commands(run):
@@ -124,7 +140,7 @@ class TpuPodTest(parameterized.TestCase):
 
     variant = {"v5litepod-16": "tpu_v5e_8", "v5p-32": "tpu_v5p_32"}[accelerator]  # the recipe's
     config = f"configs/qwen3_gsm8k.py:{variant}"
-    train = commands(tpu_pod("train", *tpu, f"--config={config}", "--workdir=gs://b/run 1",
+    train = commands(printed("train", *tpu, f"--config={config}", "--workdir=gs://b/run 1",
                              "--", "--config.model.path=Qwen3-0.6B", "--config.train.steps=5"))
     self.assertLen(train, 2)
     start, follow = train
@@ -261,7 +277,8 @@ class TpuPodTest(parameterized.TestCase):
     self.assertNotIn(gcloud_flag, [arg for cmd in create for arg in cmd])  # ssh and scp only
 
   def test_remote_commands_in_a_shell(self):
-    """The train and halt command lines, run by /bin/sh in a worker's home directory.
+    """The train and halt command lines, run by /bin/sh in a worker's home directory (the
+    v5p-32 `train` of test_command_sequence: a workdir with a space, arguments after --).
 
     A stand-in trainer at jaxrl_llm/.venv/bin/jaxrl-llm-train (it logs its arguments, and
     SIGTERM) takes the trainer's place, so what is checked is the shell: the pid file names
@@ -276,11 +293,9 @@ class TpuPodTest(parameterized.TestCase):
                  "def stop(*_):\n  print('SIGTERM', flush=True)\n  sys.exit(75)\n"
                  "signal.signal(signal.SIGTERM, stop)\n"
                  "print(sys.argv[1:], flush=True)\ntime.sleep(60)\n")
-    tpu = ["--name=n", "--zone=us-east5-a", "--accelerator=v5p-32"]
     remote = lambda cmd: cmd[0][8].removeprefix("--command=")
-    start = remote(commands(tpu_pod("train", *tpu, "--config=smoke", "--workdir=gs://b/r",
-                                    "--nofollow", "--", "--config.seed=3")))
-    halt = remote(commands(tpu_pod("halt", *tpu)))
+    start = remote(commands(printed(*POD_TRAIN)))
+    halt = remote(commands(tpu_pod("halt", *POD_TRAIN[1:4])))
     env = dict(os.environ, PATH="/usr/bin:/bin", HOME=home)
     shell = lambda cmd: subprocess.run(["/bin/sh", "-c", cmd], cwd=home, env=env, text=True,
                                        capture_output=True, timeout=30)
@@ -294,8 +309,9 @@ class TpuPodTest(parameterized.TestCase):
         if read_log():
           break
         time.sleep(0.1)
-      self.assertEqual(read_log(), "['--multihost', '--config=smoke', '--workdir=gs://b/r', "
-                       "'--config.seed=3']\n")
+      self.assertEqual(read_log(), "['--multihost', '--config=configs/qwen3_gsm8k.py:tpu_v5p_32', "
+                       "'--workdir=gs://b/run 1', '--config.model.path=Qwen3-0.6B', "
+                       "'--config.train.steps=5']\n")
       with open(f"/proc/{pid}/cmdline") as f:
         self.assertIn(".venv/bin/jaxrl-llm-train", f.read())  # the pid is the trainer's own
       again = shell(start)
@@ -313,9 +329,7 @@ class TpuPodTest(parameterized.TestCase):
   def test_train_before_install(self):
     home = self.create_tempdir().full_path
     os.makedirs(os.path.join(home, "jaxrl_llm"))
-    start = commands(tpu_pod("train", "--name=n", "--zone=us-west4-a",
-                             "--accelerator=v5litepod-8", "--config=smoke", "--workdir=/tmp/r",
-                             "--nofollow"))[0][8].removeprefix("--command=")
+    start = commands(printed(*HOST_TRAIN))[0][8].removeprefix("--command=")
     run = subprocess.run(["/bin/sh", "-c", start], cwd=home, text=True, capture_output=True,
                          timeout=30, env=dict(os.environ, PATH="/usr/bin:/bin"))
     self.assertEqual((run.returncode, run.stderr),
@@ -389,7 +403,7 @@ class TpuPodTest(parameterized.TestCase):
   def test_single_host_slice(self):
     tpu = ["--name=one", "--zone=us-west4-a", "--accelerator=v5litepod-8"]
     where = ["one", "--zone=us-west4-a"]
-    start = commands(tpu_pod("train", *tpu, "--config=smoke", "--workdir=/tmp/run", "--nofollow"))
+    start = commands(printed(*HOST_TRAIN))
     self.assertLen(start, 1)
     self.assertIn("nohup .venv/bin/jaxrl-llm-train --config=smoke --workdir=/tmp/run >",
                   start[0][8])
