@@ -3,6 +3,7 @@
 (routing_mismatch 0), for GSPO's sequence ratio and for GRPO's token ratio."""
 import json
 import os
+from unittest import mock
 
 import numpy as np
 
@@ -11,6 +12,7 @@ from absl.testing import absltest, parameterized
 from configs import grpo, gspo
 from jaxrl_llm import training
 from jaxrl_llm.config import ConfigError, validate
+from jaxrl_llm.training import feed as feed_lib
 from tests.training import agent_testing, agents_test, episodes_test
 from tests.training.run_logs import assert_rows_close, read_jsonl, resume_from_step_two
 
@@ -90,10 +92,11 @@ class RoutingReplayTest(parameterized.TestCase):
     cfg = episodes_test.agent_config(model_dir, replies=2)
     cfg.model.dtype, cfg.sampling.engine, cfg.algo.routing_replay = "bfloat16", engine, "rollout"
     cfg.train.steps = 1
-    self.assert_every_fed_token_recorded(cfg)
     if engine == "static":  # the update reads either player's record the same way
+      rollout, _, _ = episodes_test.first_rollout(cfg)
+      self.assert_every_fed_token_recorded(rollout)
       return
-    self.assert_replayed(cfg)
+    self.assert_every_fed_token_recorded(self.assert_replayed(cfg))
 
   def test_agent_programs_record_and_replay(self):
     """An agent program's calls through the endpoint (two per episode, the second continuing
@@ -107,13 +110,11 @@ class RoutingReplayTest(parameterized.TestCase):
         os.path.join(tmp, "model"), moe=True, eos_logit=2.0))
     cfg.data.env, cfg.data.agent, cfg.data.env_workers = "", f"{agent_file}:run", 8
     cfg.model.dtype, cfg.algo.routing_replay, cfg.train.steps = "bfloat16", "rollout", 1
-    self.assert_every_fed_token_recorded(cfg)
-    self.assert_replayed(cfg)
+    self.assert_every_fed_token_recorded(self.assert_replayed(cfg))
 
-  def assert_every_fed_token_recorded(self, cfg):
+  def assert_every_fed_token_recorded(self, rollout):
     """The first rollout records the experts of every token fed in its completion region
     (the model's and the inserted ones), none elsewhere."""
-    rollout, _, _ = episodes_test.first_rollout(cfg)
     S0, N = rollout.prompt_tokens.shape[1], rollout.tokens.shape[1]
     self.assertEqual(rollout.routing.shape[:2], (rollout.tokens.shape[0], S0 + N))
     attended = rollout.attention > 0
@@ -124,9 +125,22 @@ class RoutingReplayTest(parameterized.TestCase):
     self.assertGreater(inserted, 0)  # environment replies or the agent's user turns
 
   def assert_replayed(self, cfg):
+    """Trains `cfg`'s one step, checks its first pass replayed the sampler's routing, and
+    returns the step's rollout (the one `episodes_test.first_rollout` samples: step 0 from
+    the initial weights), read off the run's feed rather than sampled again."""
+    rollouts, get = [], feed_lib.Feed.get
+
+    def recording_get(feed, step, params):
+      got = get(feed, step, params)
+      rollouts.append(got[0])
+      return got
+
     workdir = self.create_tempdir().full_path
-    training.train(cfg, workdir)
+    with mock.patch.object(feed_lib.Feed, "get", recording_get):
+      training.train(cfg, workdir)
     self.assertEqual(read_jsonl(workdir)[-1]["moe/routing_mismatch"], 0.0)
+    self.assertLen(rollouts, 1)
+    return rollouts[0]
 
   def test_replay_needs_an_moe_policy_and_no_partial_rollouts(self):
     c = moe_bf16("grpo", "rollout")
