@@ -6,6 +6,7 @@ import os
 from unittest import mock
 
 import numpy as np
+import pytest
 
 from absl.testing import absltest, parameterized
 
@@ -17,6 +18,11 @@ from tests.training import agent_testing, agents_test, episodes_test
 from tests.training.run_logs import assert_rows_close, read_jsonl, resume_from_step_two
 
 PRESETS = {"gspo": gspo, "grpo": grpo}
+
+pytestmark = pytest.mark.slow_file(
+    "each test trains (or samples) a bf16 Qwen3-MoE with routing replay, whose programs "
+    "compile for seconds each: the replayed and the measured first pass, a resume with either "
+    "expert kernel, the episode players and an agent program")
 
 
 def moe_bf16(preset: str, replay: str, engine: str = "static"):
@@ -44,6 +50,8 @@ class RoutingReplayTest(parameterized.TestCase):
       return [json.loads(line) for line in f][-1]
 
   @parameterized.parameters("static", "continuous")
+  @pytest.mark.slow("a bf16 MoE run's first pass (its programs compile for seconds each), "
+                    "replayed and, on the static engine, measured: two runs")
   def test_replay_routes_as_the_sampler(self, engine):
     preset = "gspo"  # the sequence-level trust region, the narrowest
     replayed = self._first_pass(moe_bf16(preset, "rollout", engine))
@@ -60,6 +68,9 @@ class RoutingReplayTest(parameterized.TestCase):
           f"{live['moe/routing_mismatch']:.4f}; clip_frac replay {replayed['clip_frac']:.4f} / "
           f"off {live['clip_frac']:.4f}")
 
+  @pytest.mark.slow("an MoE run of four steps and two resumes from its step 2 (one with the "
+                    "other expert kernel, its own programs): a resume needs step 4 to show the "
+                    "optimizer state came back")
   def test_an_moe_run_resumes_exactly(self):
     """Steps 3 and 4 after a resume from step 2's checkpoint: the MoE's stacks, its
     optimizer state and the replayed routing come back as they were, with the same expert
@@ -84,6 +95,8 @@ class RoutingReplayTest(parameterized.TestCase):
     assert_rows_close(rows[2:], other[2:], rtol=1e-4, atol=1e-5)
 
   @parameterized.parameters("static", "continuous")
+  @pytest.mark.slow("samples multi-turn episodes with a bf16 MoE (and trains one step on them "
+                    "on the continuous engine): the MoE's programs compile for seconds each")
   def test_episodes_record_and_replay(self, engine):
     """A multi-turn bf16 run on a random Qwen3-MoE: each episode player (turn-synchronous,
     or admitting episodes one at a time) records the experts of every token it fed (prompt,
@@ -98,6 +111,9 @@ class RoutingReplayTest(parameterized.TestCase):
       return
     self.assert_every_fed_token_recorded(self.assert_replayed(cfg))
 
+  @pytest.mark.slow("an agent program's episodes through the endpoint of a bf16 MoE and a "
+                    "training step on them: the engine's and the step's MoE programs compile "
+                    "for seconds each")
   def test_agent_programs_record_and_replay(self):
     """An agent program's calls through the endpoint (two per episode, the second continuing
     the first after a user turn): each trajectory's last call carries the experts of the
