@@ -35,8 +35,8 @@ def moe_bf16(preset: str, replay: str, engine: str = "static"):
       128, 256, 3, 4, 2, 32)
   c.model.dtype = "bfloat16"
   c.algo.num_minibatches, c.algo.routing_replay = 1, replay
-  c.train.steps, c.train.prompts_per_step = 1, 8
-  c.sampling.max_new_tokens, c.sampling.temperature, c.sampling.engine = 32, 0.7, engine
+  c.train.steps, c.train.prompts_per_step = 1, 4  # 16 completions show the routes
+  c.sampling.max_new_tokens, c.sampling.temperature, c.sampling.engine = 16, 0.7, engine
   c.logging.trackers = ("jsonl",)
   return c
 
