@@ -10,11 +10,13 @@ from unittest import mock
 
 import jax
 import numpy as np
+import pytest
 import torch
 import transformers
 from absl.testing import absltest
 
 from configs import smoke
+from jaxrl_llm import training
 from jaxrl_llm.config import ConfigError, schema, validate
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.data import char_tokenizer
@@ -143,17 +145,31 @@ class JudgeTest(absltest.TestCase):
     self.assertTrue(all(s.rewards.functions[-1] == sources_lib.JUDGE_FUNCTION
                         for s in sources_lib.run_sources(config)))
 
+  @pytest.mark.slow("a real `python -m launch.train` (one step of the smoke run with a classifier "
+                    "judge: the process imports the library and compiles the run's programs), "
+                    "then the generative judge's run in this process")
   def test_judges_train_grpo_through_the_command_line(self):
+    """The classifier through the command line (its `--config.judge.*` flags); the generative
+    judge, the same run but for its kind and path, in this process (the command line is the
+    same path)."""
     for kind, path in (("classifier", self.classifier), ("generative", self.seven)):
       workdir = os.path.join(self.tmp, f"run_{kind}")
-      proc = subprocess.run(
-          [sys.executable, "-m", "launch.train", "--config=configs/smoke.py", f"--workdir={workdir}",
-           f"--config.judge.path={path}", f"--config.judge.kind={kind}", "--config.judge.chat=False",
-           "--config.judge.weight=0.5", "--config.train.steps=1", "--config.logging.rollouts_every=1",
-           r"--config.judge.parser=(\d)", "--config.judge.max_new_tokens=2"],
-          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
-          timeout=600)
-      self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+      if kind == "classifier":
+        proc = subprocess.run(
+            [sys.executable, "-m", "launch.train", "--config=configs/smoke.py",
+             f"--workdir={workdir}", f"--config.judge.path={path}", f"--config.judge.kind={kind}",
+             "--config.judge.chat=False", "--config.judge.weight=0.5", "--config.train.steps=1",
+             "--config.logging.rollouts_every=1", r"--config.judge.parser=(\d)",
+             "--config.judge.max_new_tokens=2"],
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
+            timeout=600)
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+      else:
+        config = smoke.get_config()
+        config.judge.path, config.judge.kind, config.judge.chat = path, kind, False
+        config.judge.weight, config.train.steps, config.logging.rollouts_every = 0.5, 1, 1
+        config.judge.parser, config.judge.max_new_tokens = r"(\d)", 2
+        training.train(config, workdir)
       with open(os.path.join(workdir, "metrics.jsonl")) as f:
         row = [json.loads(line) for line in f][-1]
       with open(os.path.join(workdir, "rollouts.jsonl")) as f:

@@ -8,6 +8,7 @@ import sys
 import tempfile
 import textwrap
 
+import pytest
 from absl.testing import absltest
 
 from jaxrl_llm import data, envs
@@ -66,6 +67,8 @@ def train(workdir, *flags):
 
 class AgentCliTest(absltest.TestCase):
 
+  @pytest.mark.slow("a real `python -m launch.train` of a user's environment file (the CLI "
+                    "path): two steps of episodes with tool calls, one timing out after 1 s")
   def test_a_user_env_file_trains_and_writes_rollouts(self):
     root = tempfile.mkdtemp()
     # The tools by name only: their schemas would make a 620-token prompt.

@@ -15,6 +15,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest
 
 from jaxrl_llm import config as config_lib
@@ -75,13 +76,19 @@ def counts(**nonzero) -> dict[str, int]:
   return {name: nonzero.get(name, 0) for name in agents.COUNTS}
 
 
+WIDTH = 128  # tokens `log_softmax_of` reads (more than any test's episode)
+
+
 def log_softmax_of(model, tokens):
-  """The policy's float32 log-probs of each token given those before it."""
-  ids = jnp.asarray([tokens], jnp.int32)
+  """The policy's float32 log-probs of each token given those before it: one forward over the
+  tokens padded to WIDTH (the model is causal, so the padding changes none of them), one
+  compiled program for every length."""
+  n, width = len(tokens), max(WIDTH, len(tokens))
+  ids = jnp.asarray([list(tokens) + [0] * (width - n)], jnp.int32)
   mask = jnp.ones_like(ids)
   logits, _ = models.forward(model, ids, models.positions_from_mask(mask), mask)
   logp = jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
-  return np.asarray(logp[jnp.arange(len(tokens) - 1), ids[0, 1:]])
+  return np.asarray(logp[jnp.arange(width - 1), ids[0, 1:]])[:n - 1]
 
 
 class AgentEpisodesTest(absltest.TestCase):
@@ -99,6 +106,7 @@ class AgentEpisodesTest(absltest.TestCase):
 
   @classmethod
   def tearDownClass(cls):
+    cls.setups.clear()
     shutil.rmtree(cls.dir, ignore_errors=True)
     super().tearDownClass()
 
@@ -111,10 +119,16 @@ class AgentEpisodesTest(absltest.TestCase):
       cfg.data[k] = v
     return cfg
 
+  setups = {}  # model directory -> (set-up, start) of its first `token_exact_rollout`
+
   def token_exact_rollout(self, cfg, rows_per_prompt: int = 4):
     """The first step's rollout and batch, checked: the recorded behaviour log-probs equal
-    the trainer's forward on the loss mask's tokens."""
-    rollout, setup, start = first_rollout(cfg)
+    the trainer's forward on the loss mask's tokens. One set-up per model directory."""
+    if cfg.model.path in self.setups:
+      rollout, setup, start = first_rollout(cfg, *self.setups[cfg.model.path])
+    else:
+      rollout, setup, start = first_rollout(cfg)
+      self.setups[cfg.model.path] = setup, start
     arrays = prepare.batch_arrays(rollout, rows_per_prompt, False)
     model = setup.models.policy.replace(params=start.state.policy_params)
     logp, _ = steps.completion_logp(model, arrays, temperature=cfg.sampling.temperature,
@@ -302,6 +316,8 @@ def _advantage():
 
 class AgentCliTest(absltest.TestCase):
 
+  @pytest.mark.slow("a real `python -m launch.train` of an agent program, two steps: the "
+                    "process imports jax and the library and compiles a run's programs")
   def test_an_agent_file_trains_through_the_cli_and_its_rollouts_are_token_exact(self):
     root = tempfile.mkdtemp()
     model_dir = agent_testing.make_model_dir(os.path.join(root, "model"), eos_logit=2.0)

@@ -44,12 +44,15 @@ def agent_config(model_dir: str, **env_args):
   return cfg
 
 
-def first_rollout(cfg):
-  """The first step's rollout, and the set-up it was sampled with."""
+def first_rollout(cfg, setup=None, start=None):
+  """The first step's rollout, and the set-up it was sampled with (`setup` and `start`: those
+  of a config of the same model and tokenizer, reused: the feed reads its models and
+  tokenizer alone)."""
   config_lib.validate(cfg, data=True)
   plan = plan_lib.make_plan(cfg)
-  setup = setup_lib.set_up(cfg, plan)
-  start = resume.start_point(setup, None, None, cfg.seed)
+  if setup is None:
+    setup = setup_lib.set_up(cfg, plan)
+    start = resume.start_point(setup, None, None, cfg.seed)
   feed = feed_lib.Feed(cfg, plan, setup, start)
   try:
     rollout, _, _ = feed.get(0, start.state.policy_params)
@@ -68,13 +71,25 @@ class EpisodeRolloutsTest(absltest.TestCase):
 
   @classmethod
   def tearDownClass(cls):
+    cls._echo = cls._failing_setup = None
     shutil.rmtree(cls.dir, ignore_errors=True)
     super().tearDownClass()
 
+  _echo = None  # (config, rollout, setup, start) of `echo_rollout`
+
+  def echo_rollout(self):
+    """The first rollout of episodes of up to three turns, with echo on the tool's tokens and
+    no KL term: one set-up and one sample, which the tests below read each their own way."""
+    cls = type(self)
+    if cls._echo is None:
+      cfg = agent_config(self.model_dir, replies=2)
+      cfg.algo.echo.tool = 0.1
+      cfg.algo.kl.coef, cfg.algo.kl.placement = 0.0, "none"
+      cls._echo = (cfg, *first_rollout(cfg))
+    return cls._echo
+
   def test_logprobs_equal_the_trainers_forward_and_the_mask_is_the_models_tokens(self):
-    cfg = agent_config(self.model_dir, replies=2)
-    cfg.algo.echo.tool = 0.1
-    rollout, setup, start = first_rollout(cfg)
+    cfg, rollout, setup, start = self.echo_rollout()
     arrays = prepare.batch_arrays(rollout, cfg.sampling.num_samples, False)
     model = setup.models.policy.replace(params=start.state.policy_params)
     logp, _ = steps.completion_logp(model, arrays, temperature=cfg.sampling.temperature,
@@ -104,10 +119,7 @@ class EpisodeRolloutsTest(absltest.TestCase):
                              else 0.25 * (row["num_turns"] - 1))
 
   def test_the_update_adds_echo_over_its_own_token_count(self):
-    cfg = agent_config(self.model_dir, replies=2)
-    cfg.algo.echo.tool = 0.1
-    cfg.algo.kl.coef, cfg.algo.kl.placement = 0.0, "none"
-    rollout, setup, start = first_rollout(cfg)
+    cfg, rollout, setup, start = self.echo_rollout()
     arrays = prepare.batch_arrays(rollout, cfg.sampling.num_samples, False)
     model = setup.models.policy.replace(params=start.state.policy_params)
     logp, _ = steps.completion_logp(model, arrays, temperature=cfg.sampling.temperature,
@@ -141,7 +153,7 @@ class EpisodeRolloutsTest(absltest.TestCase):
     self.assertEqual(row["eval/reward/env"], 0.25 * (2 + 1))
 
   def test_turn_rewards_sit_on_each_turns_last_token(self):
-    rollout, _, _ = first_rollout(agent_config(self.model_dir, replies=2))
+    _, rollout, _, _ = self.echo_rollout()  # echo and KL change no sample
     for b, row in enumerate(rollout.episodes.rows):
       mask = rollout.mask[b]
       ends = [t for t in range(len(mask)) if mask[t] and (t + 1 == len(mask) or not mask[t + 1])]
@@ -151,21 +163,31 @@ class EpisodeRolloutsTest(absltest.TestCase):
       self.assertEqual(np.count_nonzero(rollout.episodes.turn_rewards[b]),
                        np.count_nonzero(row["turn_rewards"]))
 
+  _failing_setup = None  # (setup, start) of the first `failing` config, reused by the rest
+
+  def failing(self, where: str, on_env_error: str = "stop"):
+    """The first rollout of a config whose environment raises in `where` for the first
+    prompt. The set-up (the models and programs, which the environment's arguments do not
+    change) is made once for every such config."""
+    cfg = agent_config(self.model_dir, fail_prompt=self._first_prompt(), fail_in=where)
+    cfg.data.on_env_error = on_env_error
+    cls = type(self)
+    if cls._failing_setup is None:
+      config_lib.validate(cfg, data=True)
+      setup = setup_lib.set_up(cfg, plan_lib.make_plan(cfg))
+      cls._failing_setup = setup, resume.start_point(setup, None, None, cfg.seed)
+    return cfg, first_rollout(cfg, *cls._failing_setup)
+
   def test_an_environment_that_raises_stops_the_run_naming_it(self):
-    prompt = self._first_prompt()
     for where in ("reset", "step"):
-      cfg = agent_config(self.model_dir, fail_prompt=prompt, fail_in=where)
       with self.assertRaisesRegex(envs.EnvError,
                                   rf"scripted_env.py:ScriptedEnv'?, record \d+.*{where}\(\) "
                                   "raised RuntimeError: scripted failure"):
-        first_rollout(cfg)
+        self.failing(where)
 
   def test_drop_counts_the_failed_episodes_and_their_groups_carry_no_loss(self):
-    prompt = self._first_prompt()
     for where in ("reset", "step"):
-      cfg = agent_config(self.model_dir, fail_prompt=prompt, fail_in=where)
-      cfg.data.on_env_error = "drop"
-      rollout, _, _ = first_rollout(cfg)
+      cfg, (rollout, _, _) = self.failing(where, on_env_error="drop")
       G = cfg.sampling.num_samples
       failed = [row["ended"] == "env_error" for row in rollout.episodes.rows]
       self.assertEqual(rollout.metrics["env/dropped"], sum(failed))
@@ -176,8 +198,9 @@ class EpisodeRolloutsTest(absltest.TestCase):
       self.assertTrue(arrays.loss_mask[G:].any())
 
   def _first_prompt(self) -> str:
-    cfg = agent_config(self.model_dir)
-    rollout, _, _ = first_rollout(cfg)
+    """The first prompt a run of `agent_config` samples (the environment's arguments do not
+    change which: the shared rollout's)."""
+    _, rollout, _, _ = self.echo_rollout()
     return rollout.prompts[0]
 
   def test_a_template_that_rewrites_earlier_turns_is_refused_in_one_line(self):

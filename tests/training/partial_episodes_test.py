@@ -12,6 +12,7 @@ import tempfile
 
 import jax
 import numpy as np
+import pytest
 from absl.testing import absltest
 
 from jaxrl_llm import config as config_lib
@@ -85,6 +86,8 @@ class PartialEpisodesTest(absltest.TestCase):
     shutil.rmtree(cls.dir, ignore_errors=True)
     super().tearDownClass()
 
+  @pytest.mark.slow("four rollouts of partial episodes with environments that take time, so "
+                    "that turns span publishes, each checked against a forward of its version")
   def test_turns_span_versions_each_token_exact_within_the_bound(self):
     cfg = partial_config(self.model_dir)
     config_lib.validate(cfg, data=True)

@@ -3,18 +3,26 @@
 (routing_mismatch 0), for GSPO's sequence ratio and for GRPO's token ratio."""
 import json
 import os
+from unittest import mock
 
 import numpy as np
+import pytest
 
 from absl.testing import absltest, parameterized
 
 from configs import grpo, gspo
 from jaxrl_llm import training
 from jaxrl_llm.config import ConfigError, validate
+from jaxrl_llm.training import feed as feed_lib
 from tests.training import agent_testing, agents_test, episodes_test
 from tests.training.run_logs import assert_rows_close, read_jsonl, resume_from_step_two
 
 PRESETS = {"gspo": gspo, "grpo": grpo}
+
+pytestmark = pytest.mark.slow_file(
+    "each test trains (or samples) a bf16 Qwen3-MoE with routing replay, whose programs "
+    "compile for seconds each: the replayed and the measured first pass, a resume with either "
+    "expert kernel, the episode players and an agent program")
 
 
 def moe_bf16(preset: str, replay: str, engine: str = "static"):
@@ -27,8 +35,8 @@ def moe_bf16(preset: str, replay: str, engine: str = "static"):
       128, 256, 3, 4, 2, 32)
   c.model.dtype = "bfloat16"
   c.algo.num_minibatches, c.algo.routing_replay = 1, replay
-  c.train.steps, c.train.prompts_per_step = 1, 8
-  c.sampling.max_new_tokens, c.sampling.temperature, c.sampling.engine = 32, 0.7, engine
+  c.train.steps, c.train.prompts_per_step = 1, 4  # 16 completions show the routes
+  c.sampling.max_new_tokens, c.sampling.temperature, c.sampling.engine = 16, 0.7, engine
   c.logging.trackers = ("jsonl",)
   return c
 
@@ -42,6 +50,8 @@ class RoutingReplayTest(parameterized.TestCase):
       return [json.loads(line) for line in f][-1]
 
   @parameterized.parameters("static", "continuous")
+  @pytest.mark.slow("a bf16 MoE run's first pass (its programs compile for seconds each), "
+                    "replayed and, on the static engine, measured: two runs")
   def test_replay_routes_as_the_sampler(self, engine):
     preset = "gspo"  # the sequence-level trust region, the narrowest
     replayed = self._first_pass(moe_bf16(preset, "rollout", engine))
@@ -58,6 +68,9 @@ class RoutingReplayTest(parameterized.TestCase):
           f"{live['moe/routing_mismatch']:.4f}; clip_frac replay {replayed['clip_frac']:.4f} / "
           f"off {live['clip_frac']:.4f}")
 
+  @pytest.mark.slow("an MoE run of four steps and two resumes from its step 2 (one with the "
+                    "other expert kernel, its own programs): a resume needs step 4 to show the "
+                    "optimizer state came back")
   def test_an_moe_run_resumes_exactly(self):
     """Steps 3 and 4 after a resume from step 2's checkpoint: the MoE's stacks, its
     optimizer state and the replayed routing come back as they were, with the same expert
@@ -82,6 +95,8 @@ class RoutingReplayTest(parameterized.TestCase):
     assert_rows_close(rows[2:], other[2:], rtol=1e-4, atol=1e-5)
 
   @parameterized.parameters("static", "continuous")
+  @pytest.mark.slow("samples multi-turn episodes with a bf16 MoE (and trains one step on them "
+                    "on the continuous engine): the MoE's programs compile for seconds each")
   def test_episodes_record_and_replay(self, engine):
     """A multi-turn bf16 run on a random Qwen3-MoE: each episode player (turn-synchronous,
     or admitting episodes one at a time) records the experts of every token it fed (prompt,
@@ -90,11 +105,15 @@ class RoutingReplayTest(parameterized.TestCase):
     cfg = episodes_test.agent_config(model_dir, replies=2)
     cfg.model.dtype, cfg.sampling.engine, cfg.algo.routing_replay = "bfloat16", engine, "rollout"
     cfg.train.steps = 1
-    self.assert_every_fed_token_recorded(cfg)
     if engine == "static":  # the update reads either player's record the same way
+      rollout, _, _ = episodes_test.first_rollout(cfg)
+      self.assert_every_fed_token_recorded(rollout)
       return
-    self.assert_replayed(cfg)
+    self.assert_every_fed_token_recorded(self.assert_replayed(cfg))
 
+  @pytest.mark.slow("an agent program's episodes through the endpoint of a bf16 MoE and a "
+                    "training step on them: the engine's and the step's MoE programs compile "
+                    "for seconds each")
   def test_agent_programs_record_and_replay(self):
     """An agent program's calls through the endpoint (two per episode, the second continuing
     the first after a user turn): each trajectory's last call carries the experts of the
@@ -107,13 +126,11 @@ class RoutingReplayTest(parameterized.TestCase):
         os.path.join(tmp, "model"), moe=True, eos_logit=2.0))
     cfg.data.env, cfg.data.agent, cfg.data.env_workers = "", f"{agent_file}:run", 8
     cfg.model.dtype, cfg.algo.routing_replay, cfg.train.steps = "bfloat16", "rollout", 1
-    self.assert_every_fed_token_recorded(cfg)
-    self.assert_replayed(cfg)
+    self.assert_every_fed_token_recorded(self.assert_replayed(cfg))
 
-  def assert_every_fed_token_recorded(self, cfg):
+  def assert_every_fed_token_recorded(self, rollout):
     """The first rollout records the experts of every token fed in its completion region
     (the model's and the inserted ones), none elsewhere."""
-    rollout, _, _ = episodes_test.first_rollout(cfg)
     S0, N = rollout.prompt_tokens.shape[1], rollout.tokens.shape[1]
     self.assertEqual(rollout.routing.shape[:2], (rollout.tokens.shape[0], S0 + N))
     attended = rollout.attention > 0
@@ -124,9 +141,22 @@ class RoutingReplayTest(parameterized.TestCase):
     self.assertGreater(inserted, 0)  # environment replies or the agent's user turns
 
   def assert_replayed(self, cfg):
+    """Trains `cfg`'s one step, checks its first pass replayed the sampler's routing, and
+    returns the step's rollout (the one `episodes_test.first_rollout` samples: step 0 from
+    the initial weights), read off the run's feed rather than sampled again."""
+    rollouts, get = [], feed_lib.Feed.get
+
+    def recording_get(feed, step, params):
+      got = get(feed, step, params)
+      rollouts.append(got[0])
+      return got
+
     workdir = self.create_tempdir().full_path
-    training.train(cfg, workdir)
+    with mock.patch.object(feed_lib.Feed, "get", recording_get):
+      training.train(cfg, workdir)
     self.assertEqual(read_jsonl(workdir)[-1]["moe/routing_mismatch"], 0.0)
+    self.assertLen(rollouts, 1)
+    return rollouts[0]
 
   def test_replay_needs_an_moe_policy_and_no_partial_rollouts(self):
     c = moe_bf16("grpo", "rollout")
