@@ -1,17 +1,15 @@
 """Installing the package outside the repository, and what its requirements alone run.
 
-A plain (non-editable) install, used from outside the repository, as a notebook or a pod
-installs it: only `jaxrl_llm` lands in site-packages (its presets inside it), and the
-console script trains a preset by name. Its fresh virtual environment takes its
-dependencies from the test environment's site-packages through a path file (which runs
-none of that directory's own path files, so the repository's editable install stays
-out): the test needs no network.
-
-`make demo`'s environment: the wheel's own requirements (install_requires and the demo
-extra), resolved through the test environment's installed distributions, are linked into
-a folder of their own, and only that folder is on the fresh environment's path, so a
-requirement missing from setup.py (one the test extras bring, as torch brings jinja2) is
-missing there too.
+A plain (non-editable) install of the wheel, built once, used from outside the
+repository, as a notebook or a pod installs it: only `jaxrl_llm` lands in site-packages
+(its presets inside it), the console script trains a preset by name, and the agent demo
+plays. Its one fresh virtual environment is `make demo`'s: the wheel's own requirements
+(install_requires and the demo extra), resolved through the test environment's installed
+distributions, are linked into a folder of their own, and only that folder is on the fresh
+environment's path (through a path file, which runs none of the test environment's own
+path files, so the repository's editable install stays out), so a requirement missing from
+setup.py (one the test extras bring, as torch brings jinja2) is missing there too. The
+tests need no network, except the dry run of `make demo`'s pip install.
 """
 import collections
 import email
@@ -21,13 +19,17 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
+import tempfile
 import zipfile
 
 import pytest
 from absl.testing import absltest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+pytestmark = pytest.mark.slow_file(
+    "builds the wheel and a fresh virtual environment, then runs the console script and "
+    "the calculator demo in it, each a new process importing jax and transformers")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ("setup.py", "README.md", "jaxrl_llm", "configs")  # what setup.py packages
@@ -123,37 +125,86 @@ def link_distributions(names: set[str], target: str):
   link("")
 
 
-@pytest.mark.slow
-class NonEditableInstallTest(absltest.TestCase):
+class InstalledWheelTest(absltest.TestCase):
+  """The wheel, built once, installed once in a fresh virtual environment whose path holds
+  only the wheel's own requirements with its demo extra (`make demo`'s environment)."""
 
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.mkdtemp(prefix="install_test_")
+    cls.wheel = build_wheel(cls.tmp)
+    cls.names = installed_closure(wheel_requirements(cls.wheel, ("demo",)))
+    dependencies = os.path.join(cls.tmp, "dependencies")
+    link_distributions(cls.names, dependencies)
+    cls.bin_dir, cls.site = install_in_fresh_venv(cls.tmp, cls.wheel, dependencies)
+    cls.python = os.path.join(cls.bin_dir, "python")
+    cls.outside = os.path.join(cls.tmp, "elsewhere")  # no checkout on the path
+    os.makedirs(cls.outside)
+    cls.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cls.env["JAX_PLATFORMS"] = "cpu"
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.tmp, ignore_errors=True)
+    super().tearDownClass()
+
+  @pytest.mark.slow("the class's set-up (building the wheel, a fresh virtual environment, "
+                    "installing into it) falls to this test, then the console script trains "
+                    "a step in a new process importing jax and transformers")
   def test_installs_jaxrl_llm_only_and_trains_a_preset_by_name(self):
-    tmp = self.create_tempdir().full_path
-    wheel = build_wheel(tmp)
-    bin_dir, site = install_in_fresh_venv(tmp, wheel, sysconfig.get_paths()["purelib"])
-    python = os.path.join(bin_dir, "python")
-
-    installed = sorted(os.listdir(site))
+    """A plain (non-editable) install: only `jaxrl_llm` lands in site-packages (its presets
+    inside it), and the console script trains a preset by name from outside the checkout."""
+    installed = sorted(os.listdir(self.site))
     self.assertIn("jaxrl_llm", installed)
     self.assertNotIn("configs", installed)
     self.assertNotIn("launch", installed)
-    self.assertTrue(os.path.isfile(os.path.join(site, "jaxrl_llm", "presets", "grpo.py")))
+    self.assertTrue(os.path.isfile(os.path.join(self.site, "jaxrl_llm", "presets", "grpo.py")))
 
-    outside = os.path.join(tmp, "elsewhere")  # no checkout on the path
-    os.makedirs(outside)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = run([python, "-c", "from jaxrl_llm.config import presets; print(presets.directory())"],
-                cwd=outside, env=env).stdout.strip()
-    self.assertEqual(where, os.path.join(site, "jaxrl_llm", "presets"))
-    workdir = os.path.join(tmp, "run")
-    run([os.path.join(bin_dir, "jaxrl-llm-train"), "--config=smoke", f"--workdir={workdir}",
-         "--config.train.steps=1", "--config.logging.trackers=jsonl"], cwd=outside, env=env)
+    where = run([self.python, "-c",
+                 "from jaxrl_llm.config import presets; print(presets.directory())"],
+                cwd=self.outside, env=self.env).stdout.strip()
+    self.assertEqual(where, os.path.join(self.site, "jaxrl_llm", "presets"))
+    workdir = os.path.join(self.tmp, "run")
+    run([os.path.join(self.bin_dir, "jaxrl-llm-train"), "--config=smoke", f"--workdir={workdir}",
+         "--config.train.steps=1", "--config.logging.trackers=jsonl"],
+        cwd=self.outside, env=self.env)
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
       rows = [json.loads(line) for line in f]
     self.assertEqual([r["step"] for r in rows], [1])
     self.assertTrue(os.path.isfile(os.path.join(workdir, "export", "config.json")))
 
+  @pytest.mark.slow("the calculator demo's real script in a fresh environment: a new "
+                    "process importing jax and transformers, then one step of multi-turn "
+                    "episodes and a held-out evaluation, compiled from scratch")
+  def test_the_demo_requirements_alone_play_the_agent_demo(self):
+    """The calculator demo, one step, where only the wheel's requirements with its demo
+    extra are installed (no PyTorch, nothing the test extras bring), and no command prints
+    transformers' advice that PyTorch is absent."""
+    self.assertNotIn("torch", self.names)
+    python, outside, env = self.python, self.outside, self.env
+    bare = subprocess.run([python, "-c", "import torch"], cwd=outside, env=env,
+                          capture_output=True, text=True)
+    self.assertIn("No module named 'torch'", bare.stderr)
+    # transformers gives the advice here unless jaxrl_llm is imported first.
+    advice = run([python, "-c", "import transformers"], cwd=outside, env=env).stderr
+    self.assertIn("PyTorch was not found", advice)
 
-@pytest.mark.slow
+    workdir = os.path.join(self.tmp, "calculator")
+    demo = run([python, os.path.join(REPO, "launch", "demo.py"), "--task=calculator",
+                f"--workdir={workdir}", "--config.train.steps=1",
+                "--config.train.prompts_per_step=2", "--config.data.task_options.num_eval=4",
+                "--config.logging.rollouts_every=1"], cwd=outside, env=env)
+    self.assertIn("held-out accuracy (eval/reward/calculator_exact)", demo.stdout)
+    self.assertNotIn("PyTorch was not found", demo.stderr)
+    with open(os.path.join(workdir, "rollouts.jsonl")) as f:
+      episodes = [json.loads(line) for line in f]
+    self.assertLen(episodes, 2 * 4)  # two problems, four episodes each
+    self.assertEqual(episodes[0]["messages"][0]["role"], "user")  # the opening, and its tools
+    self.assertEqual([t["function"]["name"] for t in episodes[0]["tools"]], ["calc"])
+    self.assertTrue(os.path.isfile(os.path.join(workdir, "curves.png")))
+
+
 class DemoEnvironmentTest(absltest.TestCase):
 
   def test_make_demo_installs_the_demo_extras_only(self):
@@ -176,43 +227,6 @@ class DemoEnvironmentTest(absltest.TestCase):
     self.assertIn("tensorboard", names)
     self.assertIn("matplotlib", names)
     self.assertNotIn("torch", names)
-
-  def test_the_demo_requirements_alone_play_the_agent_demo(self):
-    """The calculator demo, one step, where only the wheel's requirements with its demo
-    extra are installed (no PyTorch, nothing the test extras bring), and no command prints
-    transformers' advice that PyTorch is absent."""
-    tmp = self.create_tempdir().full_path
-    wheel = build_wheel(tmp)
-    names = installed_closure(wheel_requirements(wheel, ("demo",)))
-    self.assertNotIn("torch", names)
-    dependencies = os.path.join(tmp, "dependencies")
-    link_distributions(names, dependencies)
-    bin_dir, _ = install_in_fresh_venv(tmp, wheel, dependencies)
-    python = os.path.join(bin_dir, "python")
-    outside = os.path.join(tmp, "elsewhere")  # no checkout on the path
-    os.makedirs(outside)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["JAX_PLATFORMS"] = "cpu"
-    bare = subprocess.run([python, "-c", "import torch"], cwd=outside, env=env,
-                          capture_output=True, text=True)
-    self.assertIn("No module named 'torch'", bare.stderr)
-    # transformers gives the advice here unless jaxrl_llm is imported first.
-    advice = run([python, "-c", "import transformers"], cwd=outside, env=env).stderr
-    self.assertIn("PyTorch was not found", advice)
-
-    workdir = os.path.join(tmp, "calculator")
-    demo = run([python, os.path.join(REPO, "launch", "demo.py"), "--task=calculator",
-                f"--workdir={workdir}", "--config.train.steps=1",
-                "--config.train.prompts_per_step=2", "--config.data.task_options.num_eval=4",
-                "--config.logging.rollouts_every=1"], cwd=outside, env=env)
-    self.assertIn("held-out accuracy (eval/reward/calculator_exact)", demo.stdout)
-    self.assertNotIn("PyTorch was not found", demo.stderr)
-    with open(os.path.join(workdir, "rollouts.jsonl")) as f:
-      episodes = [json.loads(line) for line in f]
-    self.assertLen(episodes, 2 * 4)  # two problems, four episodes each
-    self.assertEqual(episodes[0]["messages"][0]["role"], "user")  # the opening, and its tools
-    self.assertEqual([t["function"]["name"] for t in episodes[0]["tools"]], ["calc"])
-    self.assertTrue(os.path.isfile(os.path.join(workdir, "curves.png")))
 
 
 if __name__ == "__main__":

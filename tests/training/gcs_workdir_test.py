@@ -5,8 +5,10 @@ The trainer runs as the real command line, with everything on gs://: the workdir
 `config.model.path` (the shipped warm start, uploaded) and the JSONL prompts. It is
 SIGKILLed while checkpoint 4 is being committed, resumed, and must then match, row for
 row and parameter for parameter, an uninterrupted run of the same config on local
-paths. The export is read back from gs:// with the project's loader and with
-transformers.
+paths (trained in this process). The export is read back from gs:// with the project's
+loader and with transformers. A LoRA run (in this process) writes its adapter to gs://.
+Nothing here is about devices: the subprocesses have as many CPU devices as this process
+(1 in `make test`).
 """
 import json
 import os
@@ -18,14 +20,20 @@ import tempfile
 
 import jax
 import numpy as np
+import pytest
 from absl.testing import absltest
 from safetensors.numpy import load_file
 
-from jaxrl_llm import assets, data, models, paths
+from configs import smoke
+from jaxrl_llm import assets, data, models, paths, training
 from tests import gcs_emulator
 from tests.training import reliability_test
 from tests.training.loop_test import read_tb_scalars
 from tests.training.run_logs import comparable
+
+pytestmark = pytest.mark.slow_file(
+    "two starts of the real command line on gs:// (a kill while committing, a resume), a "
+    "reference run and a LoRA run, each reading and writing through the GCS emulator")
 
 STEPS, EVERY, PAUSE = 8, 2, 4  # checkpoints at 2, 4 (killed while committing), 6, 8
 # A few `a+b=` problems, some with a carry: the warm start gets some of them right, so the
@@ -40,11 +48,22 @@ def flags(model_path, data_path):
           f"--config.data.source=jsonl:{data_path}")
 
 
+def flags_config(model_path, data_path, steps=STEPS):
+  """The config `flags(model_path, data_path)` give the command line (with `steps`)."""
+  config = smoke.get_config()
+  config.train.steps = steps
+  config.checkpoint.every = EVERY
+  config.checkpoint.keep = 2
+  config.model.path = model_path
+  config.data.source = f"jsonl:{data_path}"
+  return config
+
+
 def start(workdir, log, flag_values, env=None, module="launch.train"):
   """The trainer as a child process, pointed at the emulator; output appended to `log`."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=reliability_test.ROOT,
-             XLA_FLAGS="--xla_force_host_platform_device_count=8", **gcs_emulator.ENV,
-             **(env or {}))
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={jax.device_count()}",
+             **gcs_emulator.ENV, **(env or {}))
   with open(log, "ab") as out:
     return subprocess.Popen([sys.executable, "-m", module, f"--workdir={workdir}", *flag_values],
                             cwd=reliability_test.ROOT, env=env, stdout=out,
@@ -87,13 +106,10 @@ class GcsWorkdirTest(absltest.TestCase):
 
   def test_a_lora_run_writes_its_adapter_and_export_to_gcs(self):
     workdir = paths.join(self.bucket, "lora")
-    log = os.path.join(self.tmp, "lora.log")
-    lora_flags = tuple(f for f in flags(paths.join(self.bucket, "model"),
-                                        paths.join(self.bucket, "data", "train.jsonl"))
-                       if not f.startswith("--config.train.steps=")) + (
-        "--config.train.steps=2", "--config.lora.rank=4", "--config.lora.base_quant=int8")
-    rc, text = finish(start(workdir, log, lora_flags), log)
-    self.assertEqual(rc, 0, text[-3000:])
+    config = flags_config(paths.join(self.bucket, "model"),
+                          paths.join(self.bucket, "data", "train.jsonl"), steps=2)
+    config.lora.rank, config.lora.base_quant = 4, "int8"
+    training.train(config, workdir)
     gcs_emulator.fresh_listings()
     self.assertEqual(sorted(paths.listdir(paths.join(workdir, "adapter"))),
                      ["adapter_config.json", "adapter_model.safetensors"])
@@ -101,13 +117,11 @@ class GcsWorkdirTest(absltest.TestCase):
     self.assertEqual(config["base_model_name_or_path"], paths.join(self.bucket, "model"))
     self.assertTrue(paths.exists(paths.join(workdir, "export", "model.safetensors")))
 
+  @pytest.mark.slow("two starts of the real command line (killed while committing, then "
+                    "resumed), each a new process importing jax and transformers and tracing "
+                    "a step's programs, beside the reference run in this process")
   def test_killed_and_resumed_on_gcs_matches_a_local_run(self):
-    # The uninterrupted reference, all local, alongside ...
-    reference = os.path.join(self.tmp, "reference")
-    local_flags = flags(assets.path("arithmetic_sft"), os.path.join(self.tmp, "train.jsonl"))
-    reference_run = start(reference, reference + ".log", local_flags)
-
-    # ... the same run on gs://, killed while checkpoint PAUSE is being committed.
+    # The run on gs://, killed while checkpoint PAUSE is being committed ...
     workdir = paths.join(self.bucket, "run")
     log = os.path.join(self.tmp, "run.log")
     gcs_flags = flags(paths.join(self.bucket, "model"),
@@ -115,12 +129,14 @@ class GcsWorkdirTest(absltest.TestCase):
     marker = os.path.join(self.tmp, "in_write")
     proc = start(workdir, log, gcs_flags, module="tests.training.pausing_train",
                  env={"PAUSE_STEP": str(PAUSE), "PAUSE_MARKER": marker})
+    # ... alongside the uninterrupted reference, all local, in this process.
+    reference = os.path.join(self.tmp, "reference")
+    training.train(flags_config(assets.path("arithmetic_sft"),
+                                os.path.join(self.tmp, "train.jsonl")), reference)
     reliability_test.wait_for(lambda: os.path.exists(marker), proc,
                               f"the commit of checkpoint {PAUSE}")
     proc.send_signal(signal.SIGKILL)
     self.assertEqual(proc.wait(), -signal.SIGKILL)
-    rc, text = finish(reference_run, reference + ".log")
-    self.assertEqual(rc, 0, text[-3000:])
     killed = rows(workdir)
     self.assertGreaterEqual(killed[-1]["step"], PAUSE)
     self.assertLess(killed[-1]["step"], STEPS)

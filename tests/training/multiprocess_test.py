@@ -1,7 +1,9 @@
 """Two processes x 4 CPU devices, joined by `jax.distributed`, train like 1 process x 8.
 
-Both runs are the real command line. In the two-process run each process loads its own
-half of the prompts, samples and scores them (or plays their episodes with its own
+The two-process run is the real command line; the one-process run, the reference, trains
+in the test's own process (8 devices: every test here is marked `mesh`) on the same config
+(tests/training/multiprocess_configs.py). In the two-process run each process loads its
+own half of the prompts, samples and scores them (or plays their episodes with its own
 environments), and the update steps run on global arrays over one 2 x 2 x 2 mesh spanning
 both processes; process 0 alone writes the logs.
 """
@@ -11,7 +13,6 @@ import re
 import socket
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -19,43 +20,16 @@ from absl.testing import absltest
 
 from jaxrl_llm import training
 from tests.training import async_configs
+from tests.training import multiprocess_configs
 from tests.training.run_logs import comparable
 
+pytestmark = pytest.mark.slow_file(
+    "four runs over two processes joined by jax.distributed (each process imports jax and "
+    "transformers and compiles its programs over a mesh spanning both), each beside its "
+    "one-process reference on 8 devices")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIG = textwrap.dedent("""
-    from configs import smoke
-
-    def get_config():
-      config = smoke.get_config()
-      config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
-      config.train.steps = 3
-      config.train.eval_every = 3
-      config.data.task_options = dict(num_eval=6)
-      config.optimizer.lr = 1e-3
-      config.checkpoint.every = 2
-      config.logging.rollouts_every = 2
-      config.rewards.functions = ("tests.training.test_rewards:count_a",)
-      config.rewards.weights = (1.0,)
-      return config
-""")
-
-# The calculator agent (its shipped warm start, its tool environment) with asynchronous
-# rollouts: each process plays its own records' episodes on its first device.
-MULTI_TURN_CONFIG = textwrap.dedent("""
-    from configs import grpo_calculator
-
-    def get_config():
-      config = grpo_calculator.get_config("steps=2")
-      config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
-      config.algo.max_async_level = 1
-      config.train.prompts_per_step = 4
-      config.train.micro_batch_size = 16
-      config.train.eval_every = 2
-      config.data.task_options = dict(config.data.task_options, num_eval=4)
-      config.checkpoint.every = 2
-      config.logging.rollouts_every = 2
-      return config
-""")
+CONFIGS = os.path.join(ROOT, "tests", "training", "multiprocess_configs.py")
 
 
 def free_port() -> int:
@@ -97,13 +71,6 @@ def _errors(output: str) -> str:
   return "\n".join(lines[:20])
 
 
-def train_on_one_process(test, config_spec, workdir) -> None:
-  """Trains `config_spec` on 1 process x 8 CPU devices in `workdir`, from the command line."""
-  single = launch(config_spec, workdir, 8)
-  out = single.communicate(timeout=900)[0].decode(errors="replace")
-  test.assertEqual(single.returncode, 0, out[-4000:])
-
-
 def assert_same_metrics(test, want: list[dict], got: list[dict], what: str = "") -> None:
   """Every logged row's comparable metrics equal, at the multi-process tolerance."""
   for a, b in zip(want, got):
@@ -124,27 +91,23 @@ def assert_same_rollouts(test, one: str, two: str, rows: int) -> None:
     test.assertEqual(a, b)
 
 
-def write_config(tmp: str, name: str, text: str) -> str:
-  path = os.path.join(tmp, name)
-  with open(path, "w") as f:
-    f.write(text)
-  return path
-
-
+@pytest.mark.mesh
+@pytest.mark.slow("two processes joined by jax.distributed, each importing jax and "
+                  "transformers and compiling a step's programs over a mesh spanning both, "
+                  "then the reference on 8 devices in this process")
 class MultiProcessTest(absltest.TestCase):
 
   def test_two_processes_of_four_devices_match_one_of_eight(self):
     tmp = self.create_tempdir().full_path
-    config_path = write_config(tmp, "two_by_four.py", CONFIG)
     one, two = os.path.join(tmp, "one"), os.path.join(tmp, "two")
-    outputs = train_on_two_processes(self, config_path, two)
-    train_on_one_process(self, config_path, one)
+    outputs = train_on_two_processes(self, f"{CONFIGS}:smoke", two)
+    training.train(multiprocess_configs.get_config("smoke"), one)  # this process: 8 devices
 
     # Process 0 alone printed the config and wrote the logs.
     self.assertIn("num_samples", outputs[0])
     self.assertNotIn("num_samples", outputs[1])
     want, got = read_rows(one), read_rows(two)
-    self.assertEqual([r["step"] for r in got], [0, 1, 2, 3])  # 0: the eval at the start
+    self.assertEqual([r["step"] for r in got], [0, 1, 2])  # 0: the eval at the start
     self.assertIn("eval/reward_mean", got[-1])
     assert_same_metrics(self, want, got)
     self.assertTrue(os.path.isdir(os.path.join(two, "checkpoints", "2")))
@@ -152,16 +115,19 @@ class MultiProcessTest(absltest.TestCase):
     assert_same_rollouts(self, one, two, 8)  # step 2: 2 prompts x 4 samples
 
 
+@pytest.mark.mesh
+@pytest.mark.slow("multi-turn episodes (a sampler program per turn, greedy ones for the "
+                  "evaluation) compiled in two processes joined by jax.distributed, then "
+                  "for the reference on 8 devices in this process")
 class MultiTurnMultiProcessTest(absltest.TestCase):
 
   def test_episodes_on_two_processes_match_one(self):
     """Multi-turn episodes with asynchronous rollouts: each process plays its own records'
     episodes; metrics, held-out accuracy and the episodes logged equal one process's."""
     tmp = self.create_tempdir().full_path
-    config_path = write_config(tmp, "calculator_two_by_four.py", MULTI_TURN_CONFIG)
     one, two = os.path.join(tmp, "one"), os.path.join(tmp, "two")
-    train_on_two_processes(self, config_path, two)
-    train_on_one_process(self, config_path, one)
+    train_on_two_processes(self, f"{CONFIGS}:calculator", two)
+    training.train(multiprocess_configs.get_config("calculator"), one)  # this process: 8 devices
 
     want, got = read_rows(one), read_rows(two)
     self.assertEqual([r["step"] for r in got], [0, 1, 2])
@@ -174,6 +140,9 @@ class MultiTurnMultiProcessTest(absltest.TestCase):
 
 
 @pytest.mark.mesh
+@pytest.mark.slow("two processes joined by jax.distributed, each importing jax and "
+                  "transformers and compiling the asynchronous trainer's and sampler's "
+                  "programs, then the reference on 8 devices in this process")
 class AsyncMultiProcessTest(absltest.TestCase):
   """max_async_level=1 over 2 processes x 4 devices: the same run as 1 process x 8."""
 

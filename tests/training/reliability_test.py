@@ -1,8 +1,15 @@
 """Nothing is lost: determinism, exact resume after SIGKILL, SIGTERM preemption.
 
-Every run here is the real command line, `python -m launch.train`, in its own process
-(8 CPU devices, as in the rest of the suite), so a kill is a real kill.
+Every interrupted run here is the real command line, `python -m launch.train`, in its own
+process, so a kill is a real kill. One workdir is stopped five ways in a row, each start
+resuming what the one before it left: SIGKILLed while committing a checkpoint, SIGTERM
+(exit 75), Ctrl-C (exit 75), SIGKILLed between steps, Ctrl-C twice (exit 130); the sixth
+start finishes it. What each stop left is checked on the spot, and the finished run must
+be the uninterrupted reference run (trained in this process) exactly: every step logged
+once with its metrics, the same final parameters. Nothing here is about devices: each
+process has as many CPU devices as this one (1 in `make test`).
 """
+import dataclasses
 import glob
 import json
 import os
@@ -13,34 +20,59 @@ import sys
 import tempfile
 import time
 
+import jax
 import numpy as np
+import pytest
 from absl.testing import absltest
 from safetensors.numpy import load_file
 
+from configs import smoke
+from jaxrl_llm import training
 from jaxrl_llm.training import guards
 from tests.training.run_logs import comparable
 
+pytestmark = pytest.mark.slow_file(
+    "six starts of the real command line (a new process each: importing jax and "
+    "transformers, tracing every program of a step) to stop one run five ways and finish it")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STEPS, EVERY = 10, 3  # checkpoints at steps 3, 6, 9 and 10
+# Checkpoints every EVERY steps and at the end, the newest KEEP kept; the first start is
+# killed while it commits checkpoint PAUSE. STEPS leaves each later start a few steps.
+STEPS, EVERY, KEEP, PAUSE = 12, 2, 3, 4
 FLAGS = ("--config=configs/smoke.py", f"--config.train.steps={STEPS}",
-         f"--config.checkpoint.every={EVERY}", "--config.checkpoint.keep=3",
+         f"--config.checkpoint.every={EVERY}", f"--config.checkpoint.keep={KEEP}",
          "--config.optimizer.lr=1e-3",
          "--config.rewards.functions=('tests.training.test_rewards:count_a',)",
          "--config.rewards.weights=(1.0,)")
 
 
-def start(workdir, module="launch.train", env=None):
-  """The trainer on `workdir`, as a child process (stdout/stderr to workdir/../NAME.log)."""
+def flags_config():
+  """The config FLAGS give the command line, for the reference run in this process."""
+  config = smoke.get_config()
+  config.train.steps = STEPS
+  config.checkpoint.every = EVERY
+  config.checkpoint.keep = KEEP
+  config.optimizer.lr = 1e-3
+  config.rewards.functions = ("tests.training.test_rewards:count_a",)
+  config.rewards.weights = (1.0,)
+  return config
+
+
+def start(workdir, log=None, module="launch.train", env=None, devices=None):
+  """The trainer on `workdir`, as a child process (stdout/stderr appended to `log`, by
+  default workdir + '.log')."""
+  devices = devices or jax.device_count()
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-             XLA_FLAGS="--xla_force_host_platform_device_count=8", **(env or {}))
-  log = open(workdir + ".log", "ab")
-  return subprocess.Popen([sys.executable, "-m", module, f"--workdir={workdir}", *FLAGS],
-                          cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **(env or {}))
+  with open(log or workdir + ".log", "ab") as out:
+    return subprocess.Popen([sys.executable, "-m", module, f"--workdir={workdir}", *FLAGS],
+                            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def finish(proc, workdir, timeout=600):
+def finish(proc, log, timeout=600):
   rc = proc.wait(timeout=timeout)
-  return rc, open(workdir + ".log", errors="replace").read()
+  with open(log, errors="replace") as f:
+    return rc, f.read()
 
 
 def rows(workdir):
@@ -72,110 +104,181 @@ def steps_of(workdir):
                 if os.path.basename(p).isdigit())
 
 
+@dataclasses.dataclass
+class Stop:
+  """What one start of the run left: its exit status and output, the rows logged and the
+  complete checkpoints once it had stopped."""
+  rc: int
+  log: str
+  rows: list
+  steps: list
+
+
+@pytest.mark.slow("its set-up starts the command line six times (five stops, one finish), "
+                  "each a new process importing jax and transformers and tracing a step's programs")
 class ReliabilityTest(absltest.TestCase):
+  """The reference run, then one run started six times (`_stop_five_ways`)."""
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
     cls.tmp = tempfile.mkdtemp(prefix="reliability_")
     cls.reference = os.path.join(cls.tmp, "reference")
-    rc, log = finish(start(cls.reference), cls.reference)
-    assert rc == 0, log[-3000:]
+    training.train(flags_config(), cls.reference)
+    cls.workdir = os.path.join(cls.tmp, "run")
+    cls.stops, cls.failure = {}, None
+    try:
+      cls._stop_five_ways()
+    except Exception as e:  # noqa: BLE001 -- every test below reports it
+      cls.failure = e
 
   @classmethod
   def tearDownClass(cls):
     shutil.rmtree(cls.tmp, ignore_errors=True)
     super().tearDownClass()
 
-  def assert_same_run(self, workdir):
-    """The run in `workdir` logged every step once, with the reference's metrics and
-    final parameters, exactly."""
-    ref, got = rows(self.reference), rows(workdir)
+  @classmethod
+  def _start(cls, name, **kwargs):
+    log = os.path.join(cls.tmp, name + ".log")
+    return start(cls.workdir, log, **kwargs), log
+
+  @classmethod
+  def _stopped(cls, name, proc, log):
+    rc, text = finish(proc, log)
+    cls.stops[name] = Stop(rc, text, rows(cls.workdir), steps_of(cls.workdir))
+
+  @classmethod
+  def _wait_for_a_new_step(cls, proc, at_least=1):
+    """Until this start has logged a step >= `at_least` of its own (a resumed run first
+    drops the rows of the steps it redoes: their timings tell them from the old ones)."""
+    before = rows(cls.workdir)
+    wait_for(lambda: any(r["step"] >= at_least and r not in before for r in rows(cls.workdir)),
+             proc, f"a step >= {at_least}")
+
+  @classmethod
+  def _stop_five_ways(cls):
+    w = cls.workdir
+    # 1. SIGKILL while checkpoint PAUSE is being committed (a fresh run).
+    marker = os.path.join(cls.tmp, "in_write")
+    proc, log = cls._start("killed_in_write", module="tests.training.pausing_train",
+                           env={"PAUSE_STEP": str(PAUSE), "PAUSE_MARKER": marker})
+    wait_for(lambda: os.path.exists(marker), proc, f"the write of checkpoint {PAUSE}")
+    proc.send_signal(signal.SIGKILL)
+    cls._stopped("killed_in_write", proc, log)
+    with open(marker) as f:
+      cls.in_write = f.read()
+    cls.in_write_was_a_dir = os.path.isdir(cls.in_write)
+
+    # 2. SIGTERM, once the resumed run has redone step PAUSE (and its checkpoint).
+    proc, log = cls._start("sigterm")
+    cls._wait_for_a_new_step(proc, PAUSE)
+    proc.send_signal(signal.SIGTERM)
+    cls._stopped("sigterm", proc, log)
+
+    # 3. Ctrl-C, once the resumed run has logged a step.
+    proc, log = cls._start("ctrl_c")
+    cls._wait_for_a_new_step(proc)
+    proc.send_signal(signal.SIGINT)
+    cls._stopped("ctrl_c", proc, log)
+
+    # 4. SIGKILL between steps.
+    proc, log = cls._start("killed")
+    cls._wait_for_a_new_step(proc)
+    proc.send_signal(signal.SIGKILL)
+    cls._stopped("killed", proc, log)
+
+    # 5. Ctrl-C twice: the second once the first has been taken (its message printed).
+    proc, log = cls._start("ctrl_c_twice")
+    cls._wait_for_a_new_step(proc)
+    proc.send_signal(signal.SIGINT)
+    wait_for(lambda: "Ctrl-C: finishing this step" in open(log, errors="replace").read(),
+             proc, "the first Ctrl-C's message")
+    proc.send_signal(signal.SIGINT)
+    cls._stopped("ctrl_c_twice", proc, log)
+
+    # 6. To the end.
+    cls.steps_before_last = steps_of(w)
+    proc, log = cls._start("finished")
+    cls._stopped("finished", proc, log)
+
+  def stop(self, name) -> Stop:
+    if self.failure is not None:
+      raise self.failure
+    self.assertIn(name, self.stops)
+    return self.stops[name]
+
+  def assert_prefix_of_the_reference(self, stop: Stop):
+    """The rows a stopped run left are the reference's first rows, each step once."""
+    ref = rows(self.reference)
+    self.assertEqual([r["step"] for r in stop.rows], list(range(1, len(stop.rows) + 1)))
+    self.assertEqual([comparable(r) for r in stop.rows],
+                     [comparable(r) for r in ref[:len(stop.rows)]])
+
+  def assert_checkpointed_and_exited_75(self, stop: Stop, message):
+    """Exit 75 with `message`, a checkpoint of the last step logged."""
+    self.assertEqual(stop.rc, guards.PREEMPTED_EXIT_CODE, stop.log[-3000:])
+    self.assertIn(message, stop.log)
+    self.assertNotIn("Traceback", stop.log)
+    last = max(r["step"] for r in stop.rows)
+    self.assertLess(last, STEPS)
+    self.assertIn(last, stop.steps)  # a checkpoint of the step it stopped after
+    self.assert_prefix_of_the_reference(stop)
+
+  def test_stopped_and_resumed_five_times_is_the_same_run_as_the_reference(self):
+    """Same config and seed give the same run, however often it stops: the last start,
+    resuming from what five stops left, ends with every step logged once with the
+    reference's metrics and final parameters, exactly."""
+    stop = self.stop("finished")
+    self.assertEqual(stop.rc, 0, stop.log[-3000:])
+    ref, got = rows(self.reference), stop.rows
+    self.assertGreater(max(r["reward_mean"] for r in got), 0)  # rewards vary
     self.assertEqual([r["step"] for r in got], list(range(1, STEPS + 1)))
     for a, b in zip(ref, got):
       self.assertEqual(comparable(a), comparable(b), f"step {a['step']}")
-    want, have = exported(self.reference), exported(workdir)
+    want, have = exported(self.reference), exported(self.workdir)
     self.assertEqual(want.keys(), have.keys())
     for k in want:
       np.testing.assert_array_equal(want[k], have[k], err_msg=k)
-
-  def kill(self, proc):
-    proc.send_signal(signal.SIGKILL)
-    self.assertEqual(proc.wait(), -signal.SIGKILL)
-
-  def assert_resume_completes_the_same_run(self, workdir):
-    rc, log = finish(start(workdir), workdir)
-    self.assertEqual(rc, 0, log[-3000:])
-    self.assert_same_run(workdir)
-
-  def test_same_config_and_seed_give_the_same_run(self):
-    again = os.path.join(self.tmp, "again")
-    rc, log = finish(start(again), again)
-    self.assertEqual(rc, 0, log[-3000:])
-    self.assertGreater(max(r["reward_mean"] for r in rows(again)), 0)  # rewards vary
-    self.assert_same_run(again)
-
-  def test_sigkill_between_steps_then_resume(self):
-    workdir = os.path.join(self.tmp, "killed")
-    proc = start(workdir)
-    wait_for(lambda: any(r["step"] >= 4 for r in rows(workdir)), proc, "step 4")
-    self.kill(proc)
-    self.assertLess(max(r["step"] for r in rows(workdir)), STEPS)
-    self.assert_resume_completes_the_same_run(workdir)
+    # It wrote the checkpoints due after the one it resumed from, the last at the end,
+    # keeping the newest KEEP.
+    resumed_from = max(self.steps_before_last)
+    due = [s for s in range(resumed_from + 1, STEPS + 1) if s % EVERY == 0 or s == STEPS]
+    self.assertEqual(stop.steps, sorted(set(self.steps_before_last + due))[-KEEP:])
+    self.assertEqual(stop.steps[-1], STEPS)
 
   def test_sigkill_while_writing_a_checkpoint_then_resume(self):
-    workdir = os.path.join(self.tmp, "killed_in_write")
-    marker = os.path.join(self.tmp, "in_write")
-    proc = start(workdir, module="tests.training.pausing_train",
-                 env={"PAUSE_STEP": "6", "PAUSE_MARKER": marker})
-    wait_for(lambda: os.path.exists(marker), proc, "the write of checkpoint 6")
-    self.kill(proc)
-    # Step 6's files are on disk under a temporary name; the last complete checkpoint is 3.
-    with open(marker) as f:
-      self.assertTrue(os.path.isdir(f.read()))
-    self.assertEqual(steps_of(workdir), [3])
-    self.assert_resume_completes_the_same_run(workdir)
-    self.assertEqual(steps_of(workdir), [6, 9, 10])
-
-  def stop_after_a_step(self, workdir, signum):
-    """Starts a run, sends `signum` once it has logged a step; its exit status and log."""
-    proc = start(workdir)
-    wait_for(lambda: any(r["step"] >= 1 for r in rows(workdir)), proc, "step 1")
-    proc.send_signal(signum)
-    return finish(proc, workdir)
-
-  def assert_checkpointed_then_resumed(self, workdir, rc, log, message):
-    """Exit 75 with `message`, a checkpoint of the last step logged, then an exact resume."""
-    self.assertEqual(rc, guards.PREEMPTED_EXIT_CODE, log[-3000:])
-    self.assertIn(message, log)
-    self.assertNotIn("Traceback", log)
-    last = max(r["step"] for r in rows(workdir))
-    self.assertLess(last, STEPS)
-    self.assertIn(last, steps_of(workdir))  # a checkpoint of the step it stopped after
-    self.assert_resume_completes_the_same_run(workdir)
+    stop = self.stop("killed_in_write")
+    self.assertEqual(stop.rc, -signal.SIGKILL)
+    # Step PAUSE's files were on disk under a temporary name; the last complete checkpoint
+    # is the one before it.
+    self.assertTrue(self.in_write_was_a_dir, self.in_write)
+    self.assertEqual(stop.steps, [PAUSE - EVERY])
+    self.assertLess(max(r["step"] for r in stop.rows), STEPS)
+    self.assert_prefix_of_the_reference(stop)
+    # The resumed run redid step PAUSE and committed its checkpoint.
+    self.assertIn(PAUSE, self.stop("sigterm").steps)
 
   def test_sigterm_writes_a_checkpoint_and_exits_75_then_resume(self):
-    workdir = os.path.join(self.tmp, "preempted")
-    rc, log = self.stop_after_a_step(workdir, signal.SIGTERM)
-    self.assert_checkpointed_then_resumed(workdir, rc, log, "preempted (SIGTERM)")
+    self.assert_checkpointed_and_exited_75(self.stop("sigterm"), "preempted (SIGTERM)")
 
   def test_ctrl_c_writes_a_checkpoint_and_exits_75_then_resume(self):
-    workdir = os.path.join(self.tmp, "interrupted")
-    rc, log = self.stop_after_a_step(workdir, signal.SIGINT)
-    self.assert_checkpointed_then_resumed(workdir, rc, log,
-                                          "interrupted (Ctrl-C): stopped after step")
+    stop = self.stop("ctrl_c")
+    self.assert_checkpointed_and_exited_75(stop, "interrupted (Ctrl-C): stopped after step")
+    # It resumed from the SIGTERM's checkpoint and went on.
+    self.assertGreater(max(r["step"] for r in stop.rows),
+                       max(r["step"] for r in self.stop("sigterm").rows))
+
+  def test_sigkill_between_steps_then_resume(self):
+    stop = self.stop("killed")
+    self.assertEqual(stop.rc, -signal.SIGKILL)
+    self.assertLess(max(r["step"] for r in stop.rows), STEPS)
+    self.assert_prefix_of_the_reference(stop)
 
   def test_ctrl_c_twice_stops_at_once(self):
-    workdir = os.path.join(self.tmp, "aborted")
-    proc = start(workdir)
-    wait_for(lambda: any(r["step"] >= 1 for r in rows(workdir)), proc, "step 1")
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    rc, log = finish(proc, workdir)
-    self.assertEqual(rc, 130, log[-3000:])
-    self.assertIn("aborted (Ctrl-C): no checkpoint written", log)
-    self.assertNotIn("Traceback", log)
+    stop = self.stop("ctrl_c_twice")
+    self.assertEqual(stop.rc, 130, stop.log[-3000:])
+    self.assertIn("aborted (Ctrl-C): no checkpoint written", stop.log)
+    self.assertNotIn("Traceback", stop.log)
 
 
 class PreemptionWatchTest(absltest.TestCase):
