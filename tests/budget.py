@@ -76,6 +76,8 @@ def pytest_runtest_setup(item):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+  if hasattr(config, "workerinput"):  # an xdist worker: the controller reports its tests
+    return
   session = _this_session(terminalreporter, time.time() - config.stash[_START])
   if not session["tests"]:
     return

@@ -22,6 +22,11 @@ from jaxrl_llm.models import expert_parallel, moe
 from jaxrl_llm.models.config import ModelConfig
 from tests.sampling import sampler_test as sampling_test
 
+pytestmark = pytest.mark.slow_file(
+    "the expert-parallel layer on four meshes, three kernels, remat and routing replay, and "
+    "the sampler over it: each a shard_map program over 8 devices, values and gradients "
+    "against one device")
+
 CFG = ModelConfig(model_type="qwen3_moe", vocab_size=64, hidden_size=32, intermediate_size=48,
                   num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, num_experts=8,
                   num_experts_per_tok=3, moe_intermediate_size=24)
@@ -240,6 +245,8 @@ class ExpertParallelSamplingTest(absltest.TestCase):
     rng = np.random.RandomState(0)
     cls.prompts = [list(rng.randint(3, cfg.vocab_size, n)) for n in (5, 9, 3, 7)]
 
+  @pytest.mark.slow("three engine and layer-loop pairs, each compiled for the plain and the "
+                    "sharded MoE model: the sharded sampler's programs are what is checked")
   def test_sharded_moe_samples_the_same(self):
     for engine, loop in (("static", "scan"), ("static", "unrolled"), ("continuous", "scan")):
       kw = dict(num_samples=2, max_new_tokens=6, temperature=0.0, engine=engine,

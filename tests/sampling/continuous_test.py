@@ -13,6 +13,11 @@ from jaxrl_llm.models import kv_cache
 from jaxrl_llm.sampling import continuous
 from tests import hf_testing
 
+pytestmark = pytest.mark.slow_file(
+    "the continuous engine against the static one in each layer loop, on meshes, with smaller "
+    "pools that preempt: every engine setting is its own compiled program (about 20 s a test "
+    "on 2 cores), each run once per file and shared by the tests that check it")
+
 V = hf_testing.TINY["vocab_size"]
 EOS_IDS = (3, 4, 5, 6)  # several stop ids: completions end at many different lengths
 

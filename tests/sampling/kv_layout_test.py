@@ -25,6 +25,10 @@ from jaxrl_llm.models import attention, kv_cache
 from tests import hf_testing
 from tests.sampling.turns_test import play
 
+pytestmark = pytest.mark.slow_file(
+    "both key layouts in every engine, loop and dtype, with turns and smaller pools: each "
+    "pair of sampler programs compiled per layout; and four XLA:TPU compiles of the sampler")
+
 EOS = hf_testing.TINY["eos_token_id"]
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 
@@ -232,6 +236,8 @@ class CompiledForTpuTest(absltest.TestCase):
       text = sampling.Sampler(settings).lower_shapes(model, 8, 128).compile().as_text()
     return hlo_cost.program_cost(text, dynamic_trips=256).bytes_accessed
 
+  @pytest.mark.slow("four XLA:TPU compiles of a 4-layer sampler on v5e:2x2 (static and "
+                    "continuous, each layout); the persistent cache cannot serve them here")
   def test_the_tpu_layout_moves_far_fewer_bytes_per_decode_step(self):
     self.assertEqual(sampling.DECODE_TUNING["tpu"].key_layout, "slot_major")
     # Measured per call and chip (every loop at 256 trips), slot-minor -> slot-major: static

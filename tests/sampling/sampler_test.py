@@ -16,6 +16,11 @@ from jaxrl_llm import models, platform, sampling
 from jaxrl_llm import sharding as sh
 from tests import hf_testing
 
+pytestmark = pytest.mark.slow_file(
+    "the sampler against transformers' generate for three architectures, its distribution "
+    "(6,000 draws), truncation, stopping, buckets, bf16 and meshes: each setting its own "
+    "compiled sampler")
+
 V = hf_testing.TINY["vocab_size"]
 EOS = hf_testing.TINY["eos_token_id"]
 

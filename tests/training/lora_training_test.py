@@ -51,6 +51,8 @@ class LoraSetupTest(absltest.TestCase):
 class LoraTrainingTest(absltest.TestCase):
 
   @pytest.mark.mesh
+  @pytest.mark.slow("a 4-step LoRA run on a 2x2x2 mesh and its resume from step 2, then "
+                    "PEFT and transformers load the exports")
   def test_resume_is_exact_and_the_exports_match_peft(self):
     config = _arithmetic_lora(4)
     config.lora.dropout = 0.1

@@ -98,6 +98,8 @@ class UnchangedMetricsTest(parameterized.TestCase):
   # follows how XLA rounds: on 1 device, or unoptimised, it takes another).
   @pytest.mark.mesh
   @pytest.mark.optimized
+  @pytest.mark.slow("a 3-step PPO run (policy and critic programs) compiled optimised, as "
+                    "recorded")
   def test_ppo_metrics_as_recorded(self):
     self.assert_as_recorded("ppo")
 
