@@ -304,6 +304,15 @@ class WorkerTest(absltest.TestCase):
       os.kill(pid, 0)
     self.assertEqual(self.run_tool("calc", expression="5"), "5")  # a new one on demand
 
+  def test_the_worker_exits_by_itself_when_the_pipe_closes(self):
+    """A parent that goes away (its end of the pipe closed) leaves no worker behind: the
+    worker returns on its own, exit code 0, without being killed."""
+    self.run_tool("calc", expression="1")
+    state = self.env._runner._state
+    state["conn"].close()
+    state["proc"].join(30)
+    self.assertEqual(state["proc"].exitcode, 0)
+
 
 if __name__ == "__main__":
   absltest.main()
