@@ -24,6 +24,7 @@ tests/training/bad_input_test.py checks one run both ways, fresh and forked.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -45,15 +46,14 @@ def run(module: str, args, *, env=None, cwd: str = REPO, timeout: float = 600
   """`python -m module *args` in `cwd` with `env` (default: this process's): its exit status,
   stdout and stderr, as `subprocess.run(..., capture_output=True, text=True)` gives them."""
   env = dict(os.environ if env is None else env)
-  args = [str(a) for a in args]
+  cmd = [sys.executable, "-m", module, *map(str, args)]
   with tempfile.TemporaryDirectory(prefix="cli_runs_") as tmp:
     out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-    request = {"module": module, "args": args, "cwd": os.path.abspath(cwd), "env": env,
+    request = {"module": module, "args": cmd[3:], "cwd": os.path.abspath(cwd), "env": env,
                "stdout": out, "stderr": err}
-    returncode = _server(env).run(request, timeout, [sys.executable, "-m", module, *args])
+    returncode = _server(env).run(request, timeout, cmd)
     with open(out, errors="replace") as f_out, open(err, errors="replace") as f_err:
-      return subprocess.CompletedProcess([sys.executable, "-m", module, *args], returncode,
-                                         f_out.read(), f_err.read())
+      return subprocess.CompletedProcess(cmd, returncode, f_out.read(), f_err.read())
 
 
 _SERVERS: dict[tuple, "_Server"] = {}
@@ -104,8 +104,7 @@ def close_all():
     _SERVERS.popitem()[1].close()
 
 
-import atexit  # noqa: E402
-atexit.register(close_all)
+atexit.register(close_all)  # a server lives as long as the process (files of a worker share it)
 
 
 # --- the server ----------------------------------------------------------------------------

@@ -42,10 +42,6 @@ def run_evaluate(flags):
                       cwd=REPO, timeout=300)
 
 
-def tearDownModule():
-  cli_runs.close_all()
-
-
 def read_outputs(output):
   with open(os.path.join(output, "summary.json")) as f:
     summary = json.load(f)

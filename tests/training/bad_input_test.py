@@ -57,10 +57,6 @@ def run_train_fresh(flags):
                         capture_output=True, text=True, timeout=600, env=train_env())
 
 
-def tearDownModule():
-  cli_runs.close_all()
-
-
 def write_jsonl(path, prompts):
   with open(path, "w") as f:
     f.writelines(json.dumps({"prompt": p}) + "\n" for p in prompts)
