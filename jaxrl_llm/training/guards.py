@@ -63,11 +63,21 @@ class PreemptionWatch:
     self._flag = threading.Event()
     self._hard_stop = False  # set by a second Ctrl-C
     self._previous: dict = {}
+    self._previous_unraisable = None
     self.signal_name = "SIGTERM"  # the first one this process received
 
   def install(self) -> None:
     if threading.current_thread() is threading.main_thread():
       self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+      self._previous_unraisable, sys.unraisablehook = sys.unraisablehook, self._unraisable
+
+  def _unraisable(self, unraisable) -> None:
+    """The second Ctrl-C's KeyboardInterrupt can land in a weakref callback or `__del__`,
+    where Python would print "Exception ignored ... Traceback" and go on: `requested()`
+    raises it again at the step's end, so it is not reported. Anything else is."""
+    if self._hard_stop and issubclass(unraisable.exc_type, KeyboardInterrupt):
+      return
+    self._previous_unraisable(unraisable)
 
   def _handle(self, signum, frame) -> None:
     del frame
@@ -85,6 +95,8 @@ class PreemptionWatch:
     for sig, previous in self._previous.items():
       signal.signal(sig, previous)
     self._previous = {}
+    if self._previous_unraisable is not None:
+      sys.unraisablehook, self._previous_unraisable = self._previous_unraisable, None
 
   def requested(self) -> bool:
     """Whether any process got SIGTERM (a collective: call it on every process).

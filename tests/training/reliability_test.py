@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 import jax
 import numpy as np
@@ -293,6 +294,39 @@ class PreemptionWatchTest(absltest.TestCase):
       watch._handle(signal.SIGINT, None)  # raised, and (in the flake) swallowed
     with self.assertRaises(KeyboardInterrupt):
       watch.requested()
+
+  def test_a_second_ctrl_c_swallowed_in_a_weakref_callback_is_not_reported(self):
+    # Python hands an exception raised in a weakref callback to sys.unraisablehook (by
+    # default: "Exception ignored ... Traceback" on stderr) and goes on; while installed the
+    # watch passes on every such exception but the second Ctrl-C's, which requested() raises.
+    class Referent:
+      pass
+
+    def raise_in_a_weakref_callback(raise_it):
+      referent = Referent()
+      ref = weakref.ref(referent, lambda _: raise_it())
+      del referent, ref
+
+    def not_a_ctrl_c():
+      raise ValueError("not a Ctrl-C")
+
+    reported = []
+    hook, sys.unraisablehook = sys.unraisablehook, reported.append
+    watch = guards.PreemptionWatch()
+    try:
+      watch.install()
+      watch._handle(signal.SIGINT, None)
+      raise_in_a_weakref_callback(lambda: watch._handle(signal.SIGINT, None))
+      self.assertEqual(reported, [])
+      with self.assertRaises(KeyboardInterrupt):
+        watch.requested()
+      raise_in_a_weakref_callback(not_a_ctrl_c)
+      self.assertEqual([r.exc_type for r in reported], [ValueError])
+      watch.uninstall()
+      self.assertEqual(sys.unraisablehook, reported.append)
+    finally:
+      watch.uninstall()
+      sys.unraisablehook = hook
 
   def test_sigterm_then_ctrl_c_is_still_one_graceful_stop(self):
     watch = guards.PreemptionWatch()
