@@ -70,9 +70,9 @@ def main(argv):
   except guards.Preempted as e:
     print(e, file=sys.stderr)
     sys.exit(guards.PREEMPTED_EXIT_CODE)
-  except KeyboardInterrupt:  # Ctrl-C twice, or once before training started
-    print("aborted (Ctrl-C): no checkpoint written; the steps since the last one are lost",
-          file=sys.stderr)
+  except KeyboardInterrupt as e:  # Ctrl-C twice, or once before training started
+    print(f"aborted (Ctrl-C): {e or 'no checkpoint written'}; the steps since the last one "
+          "are lost", file=sys.stderr)
     sys.exit(130)
   except Exception as e:  # noqa: BLE001 -- the run's own failure, once training started
     log = _write_error_log(_WORKDIR.value)

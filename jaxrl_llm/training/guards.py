@@ -9,7 +9,11 @@ Starting the same command again resumes from that checkpoint. A second Ctrl-C ra
 `KeyboardInterrupt` at once (the steps since the last checkpoint are lost); should that
 exception land where Python swallows it (a weakref or `__del__` callback prints "Exception
 ignored" and goes on), the next `requested()` raises it again, so the run never writes
-the checkpoint the user refused.
+the checkpoint the user refused. One that comes while a checkpoint is being saved
+(`saving`: the start of its writes, and for the stopping checkpoint their end) takes
+effect once that is done, and that checkpoint completes before the process exits:
+orbax's writes, once begun, cannot be abandoned (interrupted, its threads wait minutes
+for one another, then fail).
 
 Non-finite updates: `steps.policy_step`/`value_step` skip an update whose loss or
 gradient norm is not finite and flag which part was. `NonFiniteGuard` turns the flags
@@ -19,6 +23,7 @@ a row. Its counters travel in the checkpoint, so a resumed run counts on.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -62,6 +67,7 @@ class PreemptionWatch:
   def __init__(self):
     self._flag = threading.Event()
     self._hard_stop = False  # set by a second Ctrl-C
+    self._deferring = False  # inside `saving`
     self._previous: dict = {}
     self._previous_unraisable = None
     self.signal_name = "SIGTERM"  # the first one this process received
@@ -83,13 +89,32 @@ class PreemptionWatch:
     del frame
     if signum == signal.SIGINT and self._flag.is_set():
       self._hard_stop = True
-      raise KeyboardInterrupt  # Ctrl-C twice: stop now
+      if not self._deferring:
+        raise KeyboardInterrupt  # Ctrl-C twice: stop now
+      return
     if not self._flag.is_set():
       self.signal_name = signal.Signals(signum).name
     self._flag.set()
     if signum == signal.SIGINT:
       print("\nCtrl-C: finishing this step, then writing a checkpoint (Ctrl-C again to stop "
             "at once, losing the steps since the last checkpoint)", file=sys.stderr, flush=True)
+
+  @contextlib.contextmanager
+  def saving(self, step: int):
+    """Around checkpoint `step`'s save: a second Ctrl-C raises only after it.
+
+    Raises:
+      KeyboardInterrupt: Ctrl-C twice, the second during the save (its text says the
+        checkpoint of `step` completes).
+    """
+    self._deferring = True
+    try:
+      yield
+    finally:
+      self._deferring = False
+    if self._hard_stop:
+      raise KeyboardInterrupt(f"checkpoint {step} written (the second Ctrl-C came as it was "
+                              "being saved)")
 
   def uninstall(self) -> None:
     for sig, previous in self._previous.items():

@@ -106,9 +106,9 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
         guard.check(done)
         preempted = preemption.requested() and done < t.steps
         if ckpt.due(done, last=done == t.steps) or preempted:
-          ckpt.save(done, state, _checkpoint_meta(config, plan, setup, done, rollout, guard))
+          _save(ckpt, preemption, done, state, wait=preempted,
+                meta=_checkpoint_meta(config, plan, setup, done, rollout, guard))
         if preempted:
-          ckpt.wait()
           raise guards.Preempted(done, preemption.signal_name)
     # ---------------------------------------------------------------- Export
     ckpt.wait()
@@ -119,6 +119,15 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
     ckpt.close()
     writer.close()
   return row
+
+
+def _save(ckpt, preemption, step: int, state, meta, wait: bool) -> None:
+  """Checkpoint `step` (and, with `wait`, until it is complete); a second Ctrl-C meanwhile
+  raises once it is done (`guards.PreemptionWatch.saving`)."""
+  with preemption.saving(step):
+    ckpt.save(step, state, meta)
+    if wait:
+      ckpt.wait()
 
 
 def _set_up(config, workdir: str, devices, resume_with_changes: bool):
