@@ -2,6 +2,11 @@
 # the demo the package and its demo extras (no PyTorch), the tests the test extras as well,
 # and the TPU compiler (the tpu extra: tests/aot compiles for TPU slices on this host).
 PYTHON ?= python3
+# pip byte-compiles every module it installs (a minute of a clean clone's set-up, most of
+# them never imported); --no-compile leaves that to Python, on first import, for the
+# modules a run imports, which needs bytecode writing on.
+PIP_INSTALL = $(PY) -m pip install -q --no-compile
+unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.demo-installed
@@ -15,11 +20,11 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 $(DEMO_STAMP): setup.py | $(PY)
-	$(PY) -m pip install -q -e ".[demo]"
+	$(PIP_INSTALL) -e ".[demo]"
 	touch $@
 
 $(TEST_STAMP): setup.py | $(PY)
-	$(PY) -m pip install -q -e ".[test,demo,tpu]"
+	$(PIP_INSTALL) -e ".[test,demo,tpu]"
 	touch $@ $(DEMO_STAMP)
 
 # The full development environment (what the tests and the benchmarks use).
