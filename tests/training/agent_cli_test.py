@@ -3,8 +3,6 @@ played, trained on and written to rollouts.jsonl; a template that cannot render 
 token-exactly exits 2 with one line before anything is written."""
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import textwrap
 
@@ -12,6 +10,7 @@ import pytest
 from absl.testing import absltest
 
 from jaxrl_llm import data, envs
+from tests import cli_runs
 from tests.training import agent_testing
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,10 +58,11 @@ USER_ENV = textwrap.dedent('''
 
 
 def train(workdir, *flags):
-  return subprocess.run(
-      [sys.executable, "-m", "launch.train", "--config=grpo:runlocal", f"--workdir={workdir}",
-       *flags], cwd=REPO, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  """`python -m launch.train --config=grpo:runlocal ...`: a process (its exit status, stdout,
+  stderr), forked from one that has the libraries imported already (tests/cli_runs.py; what
+  is checked is the command's outcome: its exit status, stderr and the files it writes)."""
+  return cli_runs.run("launch.train", ["--config=grpo:runlocal", f"--workdir={workdir}", *flags],
+                      env=dict(os.environ, JAX_PLATFORMS="cpu"), cwd=REPO, timeout=600)
 
 
 class AgentCliTest(absltest.TestCase):
