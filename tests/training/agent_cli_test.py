@@ -1,7 +1,7 @@
 """A user's environment, in a file named by its path, runs through the CLI: episodes are
-played, trained on and written to rollouts.jsonl (a step: every property is shown by the
-first); a template that cannot render episodes
-token-exactly exits 2 with one line before anything is written."""
+played, trained on and written to rollouts.jsonl (one step: every property shows in it); a
+template that cannot render episodes token-exactly exits 2 with one line before anything is
+written."""
 import json
 import os
 import tempfile

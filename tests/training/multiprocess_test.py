@@ -50,7 +50,7 @@ _PAIR = {}  # tmp, workdirs: {name: workdir}, procs: the two processes, outputs:
 
 def start_two_processes() -> None:
   """Starts the two processes (2 x 4 CPU devices) that train every config of `RUNS`, once
-  per module: the tests train their one-process references meanwhile."""
+  per module: this process trains the one-process references meanwhile."""
   if _PAIR:
     return
   tmp = tempfile.mkdtemp(prefix="multiprocess_test_")
@@ -69,10 +69,22 @@ def start_two_processes() -> None:
            f"--process_id={i}"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT))
 
 
+def train_on_one_process(name) -> str:
+  """The workdir where this process (8 devices) trained `name`, the reference, once."""
+  start_two_processes()
+  workdir = os.path.join(_PAIR["tmp"], f"one_{name}")
+  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    training.train(multiprocess_configs.get_config(name), workdir)
+  return workdir
+
+
 def train_on_two_processes(test, name) -> tuple[str, list[str]]:
-  """The workdir where the two processes trained `name`, and both processes' outputs."""
+  """The workdir where the two processes trained `name`, and both processes' outputs. The
+  first call trains every reference of `RUNS` while the two processes run."""
   start_two_processes()
   if "outputs" not in _PAIR:
+    for other in RUNS:
+      train_on_one_process(other)
     for p in _PAIR["procs"]:
       p.wait(timeout=1800)
     _PAIR["outputs"] = []
@@ -129,15 +141,14 @@ def assert_same_rollouts(test, one: str, two: str, rows: int) -> None:
 
 
 @pytest.mark.mesh
-@pytest.mark.slow("two processes joined by jax.distributed, each importing jax and "
-                  "transformers and compiling a step's programs over a mesh spanning both, "
-                  "then the reference on 8 devices in this process")
+@pytest.mark.slow("the first test of the file waits for the two processes joined by "
+                  "jax.distributed (one start: every run of RUNS, each compiling its programs "
+                  "over a mesh spanning both) and meanwhile trains every run's reference on 8 "
+                  "devices in this process; the other tests read what they wrote")
 class MultiProcessTest(absltest.TestCase):
 
   def test_two_processes_of_four_devices_match_one_of_eight(self):
-    start_two_processes()
-    one = self.create_tempdir().full_path
-    training.train(multiprocess_configs.get_config("smoke"), one)  # this process: 8 devices
+    one = train_on_one_process("smoke")  # this process: 8 devices
     two, outputs = train_on_two_processes(self, "smoke")
 
     # Process 0 alone printed the config and wrote the logs.
@@ -161,9 +172,7 @@ class MultiTurnMultiProcessTest(absltest.TestCase):
   def test_episodes_on_two_processes_match_one(self):
     """Multi-turn episodes with asynchronous rollouts: each process plays its own records'
     episodes; metrics, held-out accuracy and the episodes logged equal one process's."""
-    start_two_processes()
-    one = self.create_tempdir().full_path
-    training.train(multiprocess_configs.get_config("calculator"), one)  # this process: 8 devices
+    one = train_on_one_process("calculator")  # this process: 8 devices
     two, _ = train_on_two_processes(self, "calculator")
 
     want, got = read_rows(one), read_rows(two)
@@ -184,9 +193,7 @@ class AsyncMultiProcessTest(absltest.TestCase):
   """max_async_level=1 over 2 processes x 4 devices: the same run as 1 process x 8."""
 
   def _compare(self, placement):
-    start_two_processes()
-    one = self.create_tempdir().full_path
-    training.train(multiprocess_configs.get_config(placement), one)  # this process: 8 devices
+    one = train_on_one_process(placement)  # this process: 8 devices
     two, _ = train_on_two_processes(self, placement)
 
     want, got = read_rows(one), read_rows(two)
