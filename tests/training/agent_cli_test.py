@@ -1,10 +1,9 @@
 """A user's environment, in a file named by its path, runs through the CLI: episodes are
-played, trained on and written to rollouts.jsonl; a template that cannot render episodes
-token-exactly exits 2 with one line before anything is written."""
+played, trained on and written to rollouts.jsonl (one step: every property shows in it); a
+template that cannot render episodes token-exactly exits 2 with one line before anything is
+written."""
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import textwrap
 
@@ -12,6 +11,7 @@ import pytest
 from absl.testing import absltest
 
 from jaxrl_llm import data, envs
+from tests import cli_runs
 from tests.training import agent_testing
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,16 +59,19 @@ USER_ENV = textwrap.dedent('''
 
 
 def train(workdir, *flags):
-  return subprocess.run(
-      [sys.executable, "-m", "launch.train", "--config=grpo:runlocal", f"--workdir={workdir}",
-       *flags], cwd=REPO, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  """`python -m launch.train --config=grpo:runlocal ...`: a process (its exit status, stdout,
+  stderr), forked from one that has the libraries imported already (tests/cli_runs.py; what
+  is checked is the command's outcome: its exit status, stderr and the files it writes)."""
+  return cli_runs.run("launch.train", ["--config=grpo:runlocal", f"--workdir={workdir}", *flags],
+                      env=dict(os.environ, JAX_PLATFORMS="cpu"), cwd=REPO, timeout=600)
 
 
 class AgentCliTest(absltest.TestCase):
 
-  @pytest.mark.slow("a real `python -m launch.train` of a user's environment file (the CLI "
-                    "path): two steps of episodes with tool calls, one timing out after 1 s")
+  @pytest.mark.slow("a `python -m launch.train` run of a user's environment file (the CLI "
+                    "path): a step of 8 episodes with tool calls (the program of each turn "
+                    "compiled), each episode's wait tool timing out after 1 s and its worker "
+                    "started again")
   def test_a_user_env_file_trains_and_writes_rollouts(self):
     root = tempfile.mkdtemp()
     # The tools by name only: their schemas would make a 620-token prompt.
@@ -79,14 +82,14 @@ class AgentCliTest(absltest.TestCase):
     with open(env_file, "w") as f:
       f.write(USER_ENV)
     workdir = os.path.join(root, "run")
-    run = train(workdir, f"--config.model.path={model_dir}",
+    run = train(workdir, "--config.train.steps=1", f"--config.model.path={model_dir}",
                 f"--config.data.env={env_file}:UserEnv", "--config.data.max_episode_tokens=640",
                 "--config.data.tool_timeout_s=1", "--config.sampling.max_new_tokens=16",
                 "--config.logging.rollouts_every=1", "--config.logging.trackers=jsonl")
     self.assertEqual(run.returncode, 0, run.stderr[-3000:])
     with open(os.path.join(workdir, "rollouts.jsonl")) as f:
       rows = [json.loads(line) for line in f]
-    self.assertLen(rows, 2 * 2 * 4)  # 2 steps x 2 prompts x 4 samples (runlocal)
+    self.assertLen(rows, 1 * 2 * 4)  # 1 step x 2 prompts x 4 samples (runlocal)
     stepped = [r for r in rows if len(r["turn_roles"]) > 2]
     self.assertNotEmpty(stepped)
     tool = next(m["content"] for m in stepped[0]["messages"] if m["role"] == "tool")

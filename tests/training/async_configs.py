@@ -19,7 +19,7 @@ def golden_config(steps: int = 3):
 
 def get_config(placement: str = "shared"):
   """`golden_config(4)` at max_async_level=1 on 8 devices, as the command line takes it
-  (`--config=tests/training/async_configs.py:split`), for the runs over two processes.
+  (`multiprocess_configs.get_config("split")`), for the runs over two processes.
 
   shared: one data 2 x context 2 x tensor 2 mesh for the trainer and the sampler (each
   process's rows over its own context devices: split sequences in the update, rows of their

@@ -3,6 +3,7 @@ over 1 x 8, as the command line takes them (`--config=tests/training/multiproces
 and as `training.train` takes them in the test's own process (`get_config("smoke")`)."""
 from configs import grpo_calculator
 from configs import smoke
+from tests.training import async_configs
 
 
 def smoke_config():
@@ -37,4 +38,7 @@ def calculator_config():
 
 
 def get_config(name: str = "smoke"):
+  """smoke, calculator, or an asynchronous placement of `async_configs` (shared, split)."""
+  if name in ("shared", "split"):
+    return async_configs.get_config(name)
   return {"smoke": smoke_config, "calculator": calculator_config}[name]()
