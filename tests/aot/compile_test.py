@@ -1,7 +1,8 @@
 """launch.compile: every program of a step compiled by XLA:TPU for a small slice (compile
 only, on this CPU host), with the TPU kernels chosen; its report, JSON line and exit codes.
 
-Tiny models in bf16 at a sequence of 128 (so the training attention is splash's), on
+Tiny models in bf16 at a sequence of 128 (so the training attention is splash's) where
+splash is checked, short sequences elsewhere (XLA's attention compiles faster), on
 v5e:2x2 (4 chips on one host), except the dense step (`dense_analysis`), compiled once on
 v5e:4x4 (16 chips on 4 hosts) for the tests of its report and of several hosts, and the
 slices'. Every XLA:TPU compile here is a real one (an update's takes tens of seconds):
@@ -20,6 +21,7 @@ from absl.testing import absltest
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import training
 from jaxrl_llm.aot import analysis, chips, report, step
+from tests import cli_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -27,8 +29,9 @@ SPLASH = ("splash_mqa_fwd", "splash_mqa_dkv", "splash_mqa_dq")
 COMPILES = ("XLA:TPU compiles a step's programs on this CPU host, an update's for tens of "
             "seconds, and none can be read back from the persistent cache (no TPU client)")
 pytestmark = pytest.mark.slow_file(
-    "about 20 XLA:TPU compiles in process and 3 launch.compile processes (one --search: "
-    "10 more), each the only check of its recipe: " + COMPILES)
+    "about 20 XLA:TPU compiles in process and 3 launch.compile runs (one --search: 10 more; "
+    "forked from tests/cli_runs.py's server but the one fresh interpreter), each the only "
+    "check of its recipe: " + COMPILES)
 
 
 def slow(why: str):
@@ -73,9 +76,20 @@ def dense_analysis():
   return analyse(hosts_config(), "v5e:4x4")
 
 
-def compile_cli(*flags):
+def compile_cli(*flags, fresh: bool = False):
+  """`python -m launch.compile FLAGS`: forked from tests/cli_runs.py's server (JAX and the
+  library imported once), or (`fresh`) in a new interpreter, as one run here checks."""
+  if not fresh:
+    return cli_runs.run("launch.compile", flags)
   return subprocess.run([sys.executable, "-m", "launch.compile", *flags], cwd=REPO, text=True,
                         capture_output=True, timeout=600)
+
+
+# Short sequences where splash attention is not what a test checks: below splash's 128
+# tokens the attention is XLA's, whose backward compiles in a fraction of splash's time.
+SHORT = dict(max_new_tokens=16, max_prompt_len=16, prompt_buckets=(16,))
+SHORT_FLAGS = ("--config.sampling.max_new_tokens=16", "--config.sampling.max_prompt_len=16",
+               "--config.sampling.prompt_buckets=(16,)")
 
 
 @absltest.skipUnless(HAS_LIBTPU, "the TPU compiler (pip install -e '.[tpu]') is not installed")
@@ -136,6 +150,7 @@ class CompileForTpuTest(absltest.TestCase):
     config.algo.routing_replay = "rollout"
     config.sampling.engine = "static"
     config.mesh.update(data=2, expert=2)
+    config.sampling.update(**SHORT)  # no splash: the experts' kernels are what this compiles
     result, setup = analyse(config)
     self.assertEqual([p.name for p in result.programs], ["sampler", "prepare", "policy_update"])
     self.assertTrue(all(result.fits(p) for p in result.programs))
@@ -143,9 +158,12 @@ class CompileForTpuTest(absltest.TestCase):
     plan = training.make_plan(report.for_compiling(config))
     self.assertIsNotNone(step.minibatch(report.for_compiling(config), plan, setup).routing)
 
-  @slow("the multi-turn preset's 3 programs")
   def test_multi_turn_turn_program_compiles_in_the_tpu_cache_layout(self):
     config = config_lib.preset("grpo_calculator")
+    # The recipe's programs at smaller shapes (its 64 episodes of 192 tokens a step compile
+    # 4x longer): the cache's layout is the same.
+    config.sampling.max_new_tokens, config.data.max_episode_tokens = 16, 64
+    config.train.update(prompts_per_step=2, micro_batch_size=8)
     result, setup = analyse(config)
     self.assertEqual([p.name for p in result.programs], ["turn", "prepare", "policy_update"])
     self.assertTrue(result.all_fit)
@@ -178,13 +196,13 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertEqual({d.slice_index for d in data[data.shape[0] // 2:].flat}, {1})
     self.assertTrue(slices.all_fit)
 
-  @slow("launch.compile --search in its own process: 3 remats x 2 programs, then the step's 4")
+  @slow("launch.compile --search (forked): 3 remats x 2 programs, then the step's 4")
   def test_cli_searches_reports_every_program_and_exits_0_when_it_fits(self):
     # 1 prompt x G 4 = 4 rows over 4 batch shards: micro-batch 4, three remats.
     run = compile_cli("--config=grpo", "--topology=v5e:2x2", "--config.model.dtype=bfloat16",
                       "--config.train.eval_every=2", "--config.train.prompts_per_step=1",
                       "--config.sampling.num_samples=4", "--config.train.micro_batch_size=4",
-                      "--search")
+                      *SHORT_FLAGS, "--search")
     self.assertEqual(run.returncode, 0, run.stderr[-3000:])
     rows = [line for line in run.stdout.splitlines() if line.startswith("| 4")]
     self.assertEqual(len(rows), 3, run.stdout)  # every remat, compiled
@@ -199,18 +217,20 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertTrue(last["fits"])
     self.assertIn("MFU bound", run.stdout)
 
-  @slow("launch.compile in its own process (the exit status is checked): a large update")
   def test_cli_exits_3_naming_the_program_that_does_not_fit(self):
-    # 2 x 131072 x 8192 float32 embeddings with Adam's moments, replicated: ~48 GiB a chip.
+    # 2 x 131072 x 4096 float32 embeddings with their gradients, Adam's moments and the
+    # reference, replicated: ~20 GiB a chip, beyond v5e's 16 (XLA:TPU refuses the program).
     run = compile_cli("--config=grpo", "--topology=v5e:2x2", "--config.model.arch.vocab_size=131072",
-                      "--config.model.arch.hidden_size=8192", "--programs=policy_update")
+                      "--config.model.arch.hidden_size=4096", *SHORT_FLAGS,
+                      "--programs=policy_update")
     self.assertEqual(run.returncode, 3, run.stderr[-3000:])
-    self.assertIn("policy_update does not fit", run.stderr)
+    self.assertIn("policy_update does not fit: XLA:TPU refused it", run.stderr)
     self.assertIn("config.mesh.fsdp", run.stderr)  # what to change
     self.assertFalse(json.loads(run.stdout.strip().splitlines()[-1])["fits"])
 
   def test_cli_exits_2_for_a_bad_topology_or_mesh(self):
-    bad_name = compile_cli("--config=grpo", "--topology=v5e:3x3")
+    # launch.compile's one run in a fresh interpreter (the others fork from cli_runs' server)
+    bad_name = compile_cli("--config=grpo", "--topology=v5e:3x3", fresh=True)
     self.assertEqual(bad_name.returncode, 2)
     self.assertEqual(len(bad_name.stderr.strip().splitlines()), 1, bad_name.stderr)
     self.assertIn("v5e:3x3", bad_name.stderr)

@@ -32,7 +32,7 @@ def moe_bf16(preset: str, replay: str, engine: str = "static"):
   a.model_type, a.num_experts, a.num_experts_per_tok, a.moe_intermediate_size = (
       "qwen3_moe", 8, 2, 64)
   a.hidden_size, a.intermediate_size, a.num_layers, a.num_heads, a.num_kv_heads, a.head_dim = (
-      128, 256, 3, 4, 2, 32)
+      128, 256, 2, 4, 2, 32)
   c.model.dtype = "bfloat16"
   c.algo.num_minibatches, c.algo.routing_replay = 1, replay
   c.train.steps, c.train.prompts_per_step = 1, 4  # 16 completions show the routes
@@ -105,6 +105,7 @@ class RoutingReplayTest(parameterized.TestCase):
     cfg = episodes_test.agent_config(model_dir, replies=2)
     cfg.model.dtype, cfg.sampling.engine, cfg.algo.routing_replay = "bfloat16", engine, "rollout"
     cfg.train.steps = 1
+    cfg.train.update(prompts_per_step=2, micro_batch_size=8)  # 8 episodes show every kind of token
     if engine == "static":  # the update reads either player's record the same way
       rollout, _, _ = episodes_test.first_rollout(cfg)
       self.assert_every_fed_token_recorded(rollout)
@@ -126,6 +127,7 @@ class RoutingReplayTest(parameterized.TestCase):
         os.path.join(tmp, "model"), moe=True, eos_logit=2.0))
     cfg.data.env, cfg.data.agent, cfg.data.env_workers = "", f"{agent_file}:run", 8
     cfg.model.dtype, cfg.algo.routing_replay, cfg.train.steps = "bfloat16", "rollout", 1
+    cfg.train.update(prompts_per_step=2, micro_batch_size=8)  # 8 episodes, 16 calls
     self.assert_every_fed_token_recorded(self.assert_replayed(cfg))
 
   def assert_every_fed_token_recorded(self, rollout):
