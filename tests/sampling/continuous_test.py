@@ -15,8 +15,8 @@ from tests import hf_testing
 
 pytestmark = pytest.mark.slow_file(
     "the continuous engine against the static one in each layer loop, on meshes, with smaller "
-    "pools that preempt: every engine setting is its own compiled program (about 20 s a test "
-    "on 2 cores), each run once per file and shared by the tests that check it")
+    "pools that preempt: every engine setting is its own compiled program (about 10 s each on "
+    "2 cores; 15 on one device), each run once per file and shared by the tests that check it")
 
 V = hf_testing.TINY["vocab_size"]
 EOS_IDS = (3, 4, 5, 6)  # several stop ids: completions end at many different lengths
@@ -44,18 +44,33 @@ def assert_same(want, got):
 _SAMPLED = {}
 
 
-def _sample(model, prompts, engine, seed=3, **kw):
+def _sample(model, prompts, engine, seed=3, budgets=None, **kw):
   """(the sampler, its output) of one call with these settings. Calls with the same model,
-  prompts and settings are made once for the module: the sampler of each is its own and
-  called once, so its stats and kept cache are that call's."""
+  prompts, seed, budgets and settings are made once for the module: the sampler of each is
+  its own and called once, so its stats and kept cache are that call's. (Each engine setting
+  is its own compiled program, about 10 s on 2 cores: the tests share settings where the
+  setting is not what they check. Calls of one setting with other prompts of the same
+  shapes, another seed or budgets compile nothing new: the session's compilation cache.)"""
   settings = dict(num_samples=3, max_new_tokens=24, temperature=1.0, eos_ids=EOS_IDS)
   settings.update(kw)
   settings = sampling.SamplingSettings(engine=engine, **settings)
-  key = (id(model), tuple(map(tuple, prompts)), seed, settings)
+  budgets = None if budgets is None else tuple(int(b) for b in budgets)
+  key = (id(model), tuple(map(tuple, prompts)), seed, budgets, settings)
   if key not in _SAMPLED:
     sampler = sampling.Sampler(settings)
-    _SAMPLED[key] = model, sampler, jax.device_get(sampler(model, prompts, seed))
+    _SAMPLED[key] = model, sampler, jax.device_get(sampler(model, prompts, seed,
+                                                           budgets=budgets))
   return _SAMPLED[key][1:]
+
+
+# The settings several tests share (each one compiled program, run once): the 2-slot engine
+# of SameAsStaticTest's first case (also the whole pool of SmallerPoolTest's third); the
+# 1-slot engine of its third; SmallerPoolTest's first and second cases' whole pools.
+TWO_SLOTS = dict(slots=2, page_size=4, layer_loop="unrolled", top_k=40, top_p=0.95)
+ONE_SLOT = dict(slots=1, page_size=16, layer_loop="unrolled", top_k=40, top_p=0.95)
+NO_EOS = dict(slots=8, page_size=4, layer_loop="unrolled", top_k=40, top_p=0.95, eos_ids=())
+SCAN = dict(slots=8, page_size=4, layer_loop="scan", top_k=40, top_p=0.95)
+PROMPTS = _prompts(0, (5, 11, 3, 9, 14))  # 15 requests, 24 new tokens at most
 
 
 class SameAsStaticTest(parameterized.TestCase):
@@ -64,7 +79,7 @@ class SameAsStaticTest(parameterized.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.model = _model()
-    cls.prompts = _prompts(0, (5, 11, 3, 9, 14))  # 15 requests
+    cls.prompts = PROMPTS  # 15 requests
 
   @parameterized.parameters(("unrolled", 2, 4), ("scan", 15, 32), ("unrolled", 1, 16))
   def test_each_request_gets_the_static_engines_completion(self, layer_loop, slots, page):
@@ -92,20 +107,22 @@ class SameAsStaticTest(parameterized.TestCase):
     assert_same(want, got)
 
   def test_a_requests_completion_does_not_depend_on_the_others(self):
-    """Request r's draws come from fold_in(fold_in(key, r), t): asking for the prompt alone
-    (it is then request 0 .. G-1) with the key of its index gives what it got in the crowd."""
-    kw = dict(layer_loop="unrolled", top_k=40, top_p=0.95)  # the crowd: a test's above
-    _, crowd = _sample(self.model, self.prompts, "continuous", slots=2, page_size=4, **kw)
-    _, first = _sample(self.model, self.prompts[:1], "continuous", slots=1, page_size=4, **kw)
-    np.testing.assert_array_equal(first.tokens, crowd.tokens[:3])
+    """Request r's draws come from fold_in(fold_in(key, r), t): the first prompt among other
+    neighbours (other tokens, so other completion lengths and slot turns; of the same
+    lengths, so the crowd's compiled program) is again request 0 .. G-1 and gets what it got
+    in the crowd."""
+    _, crowd = _sample(self.model, self.prompts, "continuous", **TWO_SLOTS)  # a test's above
+    others = self.prompts[:1] + _prompts(5, (11, 3, 9, 14))
+    _, first = _sample(self.model, others, "continuous", **TWO_SLOTS)
+    self.assertFalse(np.array_equal(first.lengths[3:], crowd.lengths[3:]))  # other turns
+    np.testing.assert_array_equal(first.tokens[:3], crowd.tokens[:3])
+    np.testing.assert_array_equal(first.lengths[:3], crowd.lengths[:3])
 
   def test_budgets_end_rows_in_both_engines(self):
+    """(The continuous engine's setting is SmallerPoolTest's first whole pool: its program.)"""
     budgets = np.random.RandomState(2).randint(1, 25, 15)
-    outs = []
-    for engine in ("static", "continuous"):
-      sampler = sampling.Sampler(sampling.SamplingSettings(3, 24, 1.0, engine=engine, slots=4,
-                                                           page_size=4))
-      outs.append(jax.device_get(sampler(self.model, self.prompts, 1, budgets=budgets)))
+    outs = [_sample(self.model, self.prompts, engine, seed=1, budgets=budgets, **NO_EOS)[1]
+            for engine in ("static", "continuous")]
     assert_same(*outs)
     np.testing.assert_array_equal(outs[0].lengths, budgets)  # no EOS ids: every budget reached
     self.assertTrue(outs[0].truncated.all())
@@ -137,33 +154,30 @@ class PagesTest(absltest.TestCase):
 
   def test_the_samples_of_a_prompt_share_its_prefilled_pages(self):
     """The pool holds each prompt's keys once (P x S0/Q pages, next to the slots' own pages),
-    and they are the keys of a plain forward pass over the prompt."""
-    model = _model("llama")
-    prompts = _prompts(1, (6, 8))
-    G, Q, slots, N = 4, 4, 3, 10
-    settings = sampling.SamplingSettings(G, N, 1.0, engine="continuous", slots=slots,
-                                         page_size=Q, layer_loop="scan")
-    sampler = sampling.Sampler(settings, buckets=(8,))
-    sampler(model, prompts, 0)
-    S0 = 8
+    and they are the keys of a plain forward pass over the prompt (the run of
+    SmallerPoolTest's second whole pool: 5 prompts in the layer scan's stacked pool)."""
+    model = _model()
+    sampler, _ = _sample(model, PROMPTS, "continuous", **SCAN)
+    P, S0, Q, slots, N = 5, 16, 4, 8, 24  # prompts of at most 14 tokens: bucket 16
     own = -(-N // Q)
-    self.assertEqual(continuous.pool_pages(2, S0, settings), 2 * (S0 // Q) + slots * own + 1)
+    self.assertEqual(continuous.pool_pages(P, S0, sampler.settings),
+                     P * (S0 // Q) + slots * own + 1)
     pages_k = np.asarray(sampler.cache["pages_k"])  # [L, NP, K, Dh, Q]
-    self.assertEqual(pages_k.shape[1], 2 * (S0 // Q) + slots * own + 1)
-    tokens, mask = sampling.left_pad(prompts, S0, 0)
-    cache = kv_cache.init_cache(model.config, 2, S0)
-    _, cache = models.forward(model, tokens, models.positions_from_mask(mask), mask, cache, 0)
-    want = np.asarray(kv_cache.as_pages(cache, Q)["pages_k"])  # [L, 2 * S0/Q, K, Dh, Q]
-    np.testing.assert_allclose(pages_k[:, :2 * (S0 // Q)], want, atol=1e-5)
+    self.assertEqual(pages_k.shape[1], P * (S0 // Q) + slots * own + 1)
+    tokens, mask = sampling.left_pad(PROMPTS, S0, 0)
+    positions = models.positions_from_mask(mask)
+    _, cache = jax.jit(lambda model, cache: models.forward(model, tokens, positions, mask, cache,
+                                                           0))(  # one program, not op by op
+        model, kv_cache.init_cache(model.config, P, S0))
+    want = np.asarray(kv_cache.as_pages(cache, Q)["pages_k"])  # [L, P * S0/Q, K, Dh, Q]
+    np.testing.assert_allclose(pages_k[:, :P * (S0 // Q)], want, atol=1e-5)
 
   def test_memory_follows_live_tokens(self):
     """Pages are taken as sequences grow and given back when they end: with one slot the
-    most pages in use is one request's, while the static engine holds every row's."""
-    model = _model("llama")
-    settings = sampling.SamplingSettings(4, 16, 1.0, engine="continuous", slots=1, page_size=4)
-    sampler = sampling.Sampler(settings)
-    out = sampler(model, _prompts(2, (5, 7)), 0)
-    self.assertEqual(int(sampler.stats["peak_pages"]), -(-(int(out.lengths.max()) - 1) // 4))
+    most pages in use is one request's (of 15 requests), while the static engine holds every
+    row's (the 1-slot run of SameAsStaticTest's third case, pages of 16 tokens)."""
+    sampler, out = _sample(_model(), PROMPTS, "continuous", **ONE_SLOT)
+    self.assertEqual(int(sampler.stats["peak_pages"]), -(-(int(out.lengths.max()) - 1) // 16))
 
 
 class SmallerPoolTest(parameterized.TestCase):
@@ -175,15 +189,14 @@ class SmallerPoolTest(parameterized.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.model = _model()
-    cls.prompts = _prompts(0, (5, 11, 3, 9, 14))  # 15 requests, 24 new tokens at most
+    cls.prompts = PROMPTS  # 15 requests, 24 new tokens at most
 
-  @parameterized.parameters(("unrolled", 24, ()), ("scan", 14, EOS_IDS), ("unrolled", 6, EOS_IDS))
-  def test_the_same_completions_as_the_whole_pool(self, layer_loop, kv_pages, eos_ids):
-    """Half the pool with every completion at 24 tokens (no stop ids), under a third, and
-    one completion's worst case (one slot at a time at the end): preempted requests start
-    again and get the same tokens and log-probs, drawn from their own keys."""
-    kw = dict(slots=8, page_size=4, layer_loop=layer_loop, top_k=40, top_p=0.95,
-              eos_ids=eos_ids)
+  @parameterized.parameters((NO_EOS, 24), (SCAN, 14), (TWO_SLOTS, 6))
+  def test_the_same_completions_as_the_whole_pool(self, kw, kv_pages):
+    """Half the pool with every completion at 24 tokens (no stop ids; 8 slots, unrolled),
+    under a third (8 slots, scanned), and one completion's worst case for 2 slots (unrolled;
+    one slot at a time at the end): preempted requests start again and get the same tokens
+    and log-probs, drawn from their own keys."""
     whole, want = _sample(self.model, self.prompts, "continuous", **kw)
     small, got = _sample(self.model, self.prompts, "continuous", kv_pages=kv_pages, **kw)
     assert_same(want, got)
@@ -221,9 +234,8 @@ class SmallerPoolTest(parameterized.TestCase):
     """The pool holds the prompts' pages and `kv_pages`, not every slot's worst case; the
     most pages in use at once is at most that, and at least the longest completion's (the
     runs of the second case above)."""
-    kw = dict(slots=8, page_size=4, layer_loop="scan", top_k=40, top_p=0.95)
-    whole, _ = _sample(self.model, self.prompts, "continuous", **kw)
-    small, out = _sample(self.model, self.prompts, "continuous", kv_pages=14, **kw)
+    whole, _ = _sample(self.model, self.prompts, "continuous", **SCAN)
+    small, out = _sample(self.model, self.prompts, "continuous", kv_pages=14, **SCAN)
     pool_pages = lambda sampler: sampler.cache["pages_k"].shape[1]  # [L, NP, K, Dh, Q]
     self.assertEqual(pool_pages(whole) - pool_pages(small), 8 * 6 - 14)
     self.assertEqual(whole.kv_bytes() - small.kv_bytes(), (8 * 6 - 14) * whole.kv_bytes()

@@ -59,14 +59,16 @@ def _chi2_p_value(counts, expected):
   return scipy.stats.chisquare(obs, exp * obs.sum() / exp.sum())[1]
 
 
+GREEDY = dict(num_samples=1, max_new_tokens=32, temperature=0.0, eos_ids=(EOS,), pad_id=0)
+
+
 class GreedyTest(parameterized.TestCase):
 
   @parameterized.parameters("llama", "qwen2", "qwen3")
   def test_greedy_matches_transformers_generate(self, arch):
     hf, model = _model(arch)
     prompts = _prompts(0, (5, 11, 8))
-    out = sampling.generate(model, prompts, num_samples=1, max_new_tokens=32, temperature=0.0,
-                            eos_ids=(EOS,), pad_id=0)
+    out = sampling.generate(model, prompts, **GREEDY)
     for i, p in enumerate(prompts):
       with torch.no_grad():
         ref = hf.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
@@ -80,13 +82,16 @@ class GreedyTest(parameterized.TestCase):
         self.assertTrue(np.all(ref[n:] == 0))
 
   def test_greedy_ignores_padding_and_batch_neighbours(self):
+    """The target (the second prompt of the test above, among short neighbours in the
+    smallest bucket: the qwen3 case's program, kept by `generate`) again beside a long
+    neighbour, which moves it to another bucket with a lot of left padding."""
     _, model = _model("qwen3")
-    target = _prompts(1, (6,))[0]
-    alone = sampling.generate(model, [target], 1, 20, temperature=0.0)
-    # A long neighbour moves the target to another bucket with a lot of left padding.
-    crowd = sampling.generate(model, _prompts(2, (40, 3)) + [target], 1, 20, temperature=0.0)
-    np.testing.assert_array_equal(np.asarray(alone.tokens[0]), np.asarray(crowd.tokens[2]))
-    np.testing.assert_allclose(np.asarray(alone.logprobs[0]), np.asarray(crowd.logprobs[2]), atol=1e-5)
+    prompts = _prompts(0, (5, 11, 8))
+    first = sampling.generate(model, prompts, **GREEDY)
+    crowd = sampling.generate(model, _prompts(2, (40, 3)) + prompts[1:2], **GREEDY)
+    self.assertEqual(int(first.lengths[1]), 32)  # no EOS: all 32 tokens compared
+    np.testing.assert_array_equal(np.asarray(first.tokens[1]), np.asarray(crowd.tokens[2]))
+    np.testing.assert_allclose(np.asarray(first.logprobs[1]), np.asarray(crowd.logprobs[2]), atol=1e-5)
 
 
 class DistributionTest(parameterized.TestCase):
@@ -111,29 +116,23 @@ class DistributionTest(parameterized.TestCase):
     _, wrong = _completion_logp(self.model, prompt, [0], temperature / 2)
     self.assertLess(_chi2_p_value(counts, np.exp(wrong[0]) * n), 1e-3)
 
-  def test_logprobs_equal_a_fresh_forward_pass(self):
-    prompts = _prompts(4, (3, 9))
-    out = sampling.generate(self.model, prompts, num_samples=3, max_new_tokens=12,
-                            temperature=0.8, top_k=5, seed=5)
-    for row in range(6):
-      n = int(out.lengths[row])
-      completion = np.asarray(out.tokens[row, :n])
-      want, _ = _completion_logp(self.model, prompts[row // 3], completion, 0.8)
-      np.testing.assert_allclose(np.asarray(out.logprobs[row, :n]), want, atol=1e-4)
-      self.assertTrue(np.all(np.asarray(out.logprobs[row, n:]) == 0))
-
   @parameterized.named_parameters(dict(testcase_name="top_k", top_k=4, top_p=1.0),
                                   dict(testcase_name="top_p", top_k=0, top_p=0.6),
                                   dict(testcase_name="both", top_k=8, top_p=0.7))
   def test_truncation_never_leaves_the_kept_set(self, top_k, top_p):
+    """...and the sampled log-probs are those of a fresh forward pass over the completion
+    (of the tempered distribution before truncation)."""
     prompts = _prompts(5, (4, 10))
     # A low temperature makes the random model's distribution peaked: small kept sets.
     out = sampling.generate(self.model, prompts, num_samples=16, max_new_tokens=8,
                             temperature=0.25, top_k=top_k, top_p=top_p, seed=7)
     sizes = []
     for row in range(32):
+      n = int(out.lengths[row])
       completion = np.asarray(out.tokens[row])
-      _, logp = _completion_logp(self.model, prompts[row // 16], completion, 0.25)
+      want, logp = _completion_logp(self.model, prompts[row // 16], completion, 0.25)
+      np.testing.assert_allclose(np.asarray(out.logprobs[row, :n]), want[:n], atol=1e-4)
+      self.assertTrue(np.all(np.asarray(out.logprobs[row, n:]) == 0))
       for t, token in enumerate(completion):
         order = np.argsort(-logp[t])
         kept = order[:top_k] if top_k else order
@@ -226,13 +225,15 @@ class StoppingTest(absltest.TestCase):
 class CompilationTest(absltest.TestCase):
 
   def test_prompt_lengths_inside_a_bucket_compile_once(self):
+    """(The settings and bucket of StoppingTest's second test: its program, from the
+    session's compilation cache.)"""
     _, model = _model("llama")
-    sampler = sampling.Sampler(sampling.SamplingSettings(num_samples=2, max_new_tokens=4))
-    for i, n in enumerate(range(17, 27)):  # all inside bucket 32
+    sampler = sampling.Sampler(sampling.SamplingSettings(num_samples=4, max_new_tokens=6))
+    for i, n in enumerate(range(7, 17)):  # all inside bucket 16
       out = sampler(model, _prompts(i, (n, n - 5)), seed=i)
-      self.assertEqual(out.tokens.shape, (4, 4))
+      self.assertEqual(out.tokens.shape, (8, 6))
     self.assertEqual(sampler.num_compilations(), 1)
-    sampler(model, _prompts(0, (40,)), seed=0)  # bucket 64: a second program
+    sampler(model, _prompts(0, (20,)), seed=0)  # bucket 32: a second program
     self.assertEqual(sampler.num_compilations(), 2)
 
   def test_bucket_length(self):
@@ -307,7 +308,8 @@ class LayerLoopTest(parameterized.TestCase):
   def test_generate_keeps_a_bounded_cache_that_frees(self):
     _, model = _model()
     sampling.free_generate_cache()
-    sampling.generate(model, _prompts(0, (3,)), num_samples=1, max_new_tokens=2)
+    # (StoppingTest's settings and bucket: its program, from the session's compilation cache.)
+    sampling.generate(model, _prompts(7, (4, 4)), num_samples=4, max_new_tokens=6)
     self.assertEqual(sampling.sampler._sampler.cache_info().currsize, 1)  # generate keeps it
     for n in range(sampling.GENERATE_CACHE_SIZE + 1):  # more settings than it keeps (the
       # samplers `generate` would make for them, without compiling each)
