@@ -137,6 +137,9 @@ class SameAsStaticTest(parameterized.TestCase):
   @parameterized.parameters(({"data": 2, "fsdp": 2, "tensor": 2}, 5, "unrolled"),
                             ({"data": 4, "fsdp": 2, "tensor": 1}, 8, "scan"))
   @pytest.mark.mesh
+  @pytest.mark.slow("the continuous engine's programs compiled over an 8-device mesh (its "
+                    "collectives split across data, fsdp and tensor), beside the one-device "
+                    "static reference")
   def test_on_a_mesh(self, shape, prompts, layer_loop):
     """One engine over a tensor-parallel mesh, or one engine per data shard (8 prompts over
     8 shards): the same completions as the static engine on one device (each layer loop on

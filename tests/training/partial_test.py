@@ -2,6 +2,7 @@
 the mix of versions in the metrics, and an exact resume from a checkpoint taken while
 samples were in flight."""
 import numpy as np
+import pytest
 from absl.testing import absltest
 
 from jaxrl_llm import training
@@ -28,6 +29,9 @@ def partial_config(steps: int = 4, max_async_level: int = 1):
 
 class PartialRolloutsTest(absltest.TestCase):
 
+  @pytest.mark.slow("the demo's warm start (not a tiny model) sampling 4 x 8 samples "
+                    "partially over four steps, then resumed from step 2: the resume needs "
+                    "samples in flight in its checkpoint and steps after it to compare")
   def test_bound_versions_and_an_exact_resume_with_samples_in_flight(self):
     config = partial_config()
     first = self.create_tempdir().full_path
