@@ -71,8 +71,8 @@ def main(argv):
     print(e, file=sys.stderr)
     sys.exit(guards.PREEMPTED_EXIT_CODE)
   except KeyboardInterrupt as e:  # Ctrl-C twice, or once before training started
-    print(f"aborted (Ctrl-C): {e or 'no checkpoint written'}; the steps since the last one "
-          "are lost", file=sys.stderr)
+    why = str(e) or "no checkpoint written"  # a plain KeyboardInterrupt's str() is ""
+    print(f"aborted (Ctrl-C): {why}; the steps since the last one are lost", file=sys.stderr)
     sys.exit(130)
   except Exception as e:  # noqa: BLE001 -- the run's own failure, once training started
     log = _write_error_log(_WORKDIR.value)
