@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import tempfile
+import threading
+import time
 
 import jax
 import numpy as np
@@ -29,8 +31,10 @@ DELAY = 0.05  # seconds each environment step takes: episodes are in flight at p
 RECORDS = [{"prompt": f"{a}+{b}", "answer": str(a + b)} for a, b in itertools.product(range(1, 5), range(1, 5))]
 
 
-def partial_config(model_dir: str):
-  cfg = agent_config(model_dir, replies=3, delays={r["prompt"]: DELAY for r in RECORDS})
+def partial_config(model_dir: str, gates: dict | None = None):
+  """`gates`: scripted_env.TimedEnv's, by prompt."""
+  cfg = agent_config(model_dir, replies=3, delays={r["prompt"]: DELAY for r in RECORDS},
+                     gates=gates or {})
   cfg.data.env = agent_testing.SCRIPTED_ENV + ":TimedEnv"
   cfg.data.env_workers = 16
   cfg.data.max_turns = 5
@@ -48,6 +52,28 @@ def batches(P: int):
     chosen = [RECORDS[(position * P + p) % len(RECORDS)] for p in range(P)]
     yield data.RecordBatch(position, np.arange(position * P, (position + 1) * P), chosen,
                            np.ones(P, bool), None, None)
+
+
+def wait_until(condition, what: str, timeout: float = 120) -> None:
+  deadline = time.monotonic() + timeout
+  while not condition():
+    if time.monotonic() > deadline:
+      raise AssertionError(f"waited {timeout} s for {what}")
+    time.sleep(0.005)
+
+
+def open_gates_at_the_publish(players, version: int) -> threading.Thread:
+  """Raises the environments' `opened` to `version` once every engine has taken that
+  version's weights (a publish waits for the turns decoding, then swaps the weights)."""
+  def open_them():
+    wait_until(lambda: all(p.engine.version >= version for p in players),
+               f"version {version}'s publish")
+    for player in players:
+      for env in player.envs:
+        env.opened = version
+  opener = threading.Thread(target=open_them, daemon=True)
+  opener.start()
+  return opener
 
 
 def turn_spans(row: dict) -> list[tuple[int, int]]:
@@ -86,10 +112,19 @@ class PartialEpisodesTest(absltest.TestCase):
     shutil.rmtree(cls.dir, ignore_errors=True)
     super().tearDownClass()
 
-  @pytest.mark.slow("four rollouts of partial episodes with environments that take time, so "
-                    "that turns span publishes, each checked against a forward of its version")
+  @pytest.mark.slow("four rollouts of partial episodes whose environments take time (and wait "
+                    "at gates, so that turns span publishes), each turn checked against a "
+                    "forward of its version")
   def test_turns_span_versions_each_token_exact_within_the_bound(self):
-    cfg = partial_config(self.model_dir)
+    # Turns span a publish by construction (TimedEnv's gates): the second batch's episodes
+    # (queued at step 0) sample their first turn under version 0, then wait in their
+    # environment's first step until version 1's weights are in place; the third batch's
+    # start at step 2, so that step 1 takes its groups from the first two batches.
+    P = 4
+    gates = ({r["prompt"]: (0, 1) for r in RECORDS[P:2 * P]} |
+             {r["prompt"]: (2, 0) for r in RECORDS[2 * P:3 * P]})
+    cfg = partial_config(self.model_dir, gates)
+    self.assertEqual(cfg.train.prompts_per_step, P)
     config_lib.validate(cfg, data=True)
     plan = plan_lib.make_plan(cfg)
     tokenizer = data.load_tokenizer(self.model_dir)
@@ -103,14 +138,24 @@ class PartialEpisodesTest(absltest.TestCase):
     versions = [models.Model(jax.tree.map(lambda x, v=v: x * (1 + v / 10), base.params),
                              base.config) for v in range(4)]
     rows = []
+    envs = [env for player in source.players for env in player.envs]
     try:
       for step, model in enumerate(versions):
+        if step == 1:
+          wait_until(lambda: sum(env.waiting for env in envs) > 0,
+                     "an episode of the second batch to wait at its gate after turn 1")
+          open_gates_at_the_publish(source.players, step)
+        else:
+          for env in envs:
+            env.opened = step
         rollout = source.finish((step, step, jax.random.PRNGKey(step), model))
         self.assertGreaterEqual(rollout.policy_version, step - 1)  # the oldest token's
         lags = [rollout.metrics[f"partial/tokens_lag_{j}"] for j in range(2)]
         self.assertAlmostEqual(sum(lags), 1.0, 6)
         rows += [(step, row) for row in rollout.episodes.rows]
     finally:
+      for env in envs:  # no environment waits for ever, whatever stopped the test
+        env.opened = len(versions)
       source.close()
     spanning = 0
     for step, row in rows:

@@ -35,22 +35,37 @@ class ScriptedEnv(envs.Environment):
 class TimedEnv(envs.Environment):
   """ScriptedEnv's replies after a delay that depends on the record: `delays` maps a prompt
   to the seconds each `step` sleeps (0 for others). Every call is logged in `events` as
-  (prompt, 'reset' | 'step', the model's turns so far, monotonic start, monotonic end)."""
+  (prompt, 'reset' | 'step', the model's turns so far, monotonic start, monotonic end).
 
-  def __init__(self, replies: int = 2, delays: dict | None = None):
+  `gates` maps a prompt to (reset_at, step_at): its `reset` waits until `opened` (which a
+  test raises) is at least reset_at, and its first `step` (after the model's first turn)
+  until it is at least step_at; `waiting` counts the first steps waiting now."""
+
+  def __init__(self, replies: int = 2, delays: dict | None = None, gates: dict | None = None):
     super().__init__()
     self.replies, self.delays, self.events = replies, dict(delays or {}), []
+    self.gates = {prompt: tuple(at) for prompt, at in (gates or {}).items()}
+    self.opened, self.waiting = 0, 0
+
+  def _wait_until_opened(self, at: int) -> None:
+    while self.opened < at:
+      time.sleep(0.002)
 
   def reset(self, record):
+    self._wait_until_opened(self.gates.get(record["prompt"], (0, 0))[0])
     now = time.monotonic()
     self.events.append((record["prompt"], "reset", 0, now, now))
     return [{"role": "user", "content": record["prompt"]}]
 
   def step(self, messages):
-    start = time.monotonic()
     prompt = messages[0]["content"]
-    time.sleep(self.delays.get(prompt, 0.0))
     k = sum(m["role"] == "assistant" for m in messages)
+    if k == 1 and self.opened < self.gates.get(prompt, (0, 0))[1]:
+      self.waiting += 1
+      self._wait_until_opened(self.gates[prompt][1])
+      self.waiting -= 1
+    start = time.monotonic()
+    time.sleep(self.delays.get(prompt, 0.0))
     self.events.append((prompt, "step", k, start, time.monotonic()))
     if k > self.replies:
       return [], 0.0, True
