@@ -217,6 +217,8 @@ class CompileForTpuTest(absltest.TestCase):
     self.assertTrue(last["fits"])
     self.assertIn("MFU bound", run.stdout)
 
+  @pytest.mark.slow("launch.compile (forked) of an update with 131072 x 4096 embeddings: XLA:TPU "
+                    "compiles it on this CPU host, through memory assignment, before refusing it")
   def test_cli_exits_3_naming_the_program_that_does_not_fit(self):
     # 2 x 131072 x 4096 float32 embeddings with their gradients, Adam's moments and the
     # reference, replicated: ~20 GiB a chip, beyond v5e's 16 (XLA:TPU refuses the program).

@@ -158,6 +158,9 @@ class ExpertParallelLayerTest(parameterized.TestCase):
     one bf16 ulp (0.78%)."""
     self._compare(mesh_name, dtype="bfloat16", tol=1.5e-2)
 
+  @pytest.mark.slow("the negative control traces and compiles the expert4_data2 program again "
+                    "with the wrong offset; first of its class to run, it also compiles the "
+                    "one-device reference the others share")
   def test_a_wrong_expert_offset_changes_the_result(self):
     """The negative control: the comparison above can fail."""
     first = expert_parallel.first_expert

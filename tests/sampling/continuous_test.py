@@ -209,6 +209,8 @@ class SmallerPoolTest(parameterized.TestCase):
     self.assertGreater(int(small.stats["steps"]), int(whole.stats["steps"]))
 
   @pytest.mark.mesh
+  @pytest.mark.slow("the whole pool's engine and the per-shard engines, each its own program, "
+                    "compiled over an 8-device mesh")
   def test_one_engine_per_data_shard(self):
     """8 prompts x G 3 over 8 data shards, one engine each (2 slots, 6 own pages instead of
     12): the whole pool's completions; the stats sum over the engines."""
@@ -222,6 +224,8 @@ class SmallerPoolTest(parameterized.TestCase):
     self.assertEqual(int(small.stats["peak_pages"]), 8 * 6)
     self.assertGreater(int(small.stats["preemptions"]), 0)
 
+  @pytest.mark.slow("a Qwen3-MoE model's continuous engine, whole pool and smaller one: two "
+                    "programs of their own (the MoE layer's routing record threaded through)")
   def test_an_moe_models_routing_record_is_the_whole_pools(self):
     """Routing replay's record of every fed token's experts: a preempted request's row is
     cleared and recorded again as it is recomputed, as the whole pool recorded it."""

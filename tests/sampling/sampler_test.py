@@ -155,6 +155,8 @@ class GumbelMaxTest(absltest.TestCase):
     self.assertTrue(np.all(np.isfinite(g)))
 
   @pytest.mark.optimized  # 80 draws over [64, 151936] logits: XLA's optimisations pay
+  @pytest.mark.slow("80 draws of 64 rows over a 151,936-token vocabulary (a Qwen-sized one is "
+                    "the property), compiled optimised")
   def test_rare_tokens_at_the_top_of_a_151936_token_vocabulary(self):
     """Tokens of probability 1e-8 (at T = 1) at the end of a Qwen-sized vocabulary, raised
     by temperature 2.5 to a measurable rate: drawn as often as softmax(logits / T) says."""

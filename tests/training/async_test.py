@@ -140,6 +140,9 @@ class ResumeTest(absltest.TestCase):
 
 class PreemptionTest(absltest.TestCase):
 
+  @pytest.mark.slow("two starts of the real command line (the process's SIGTERM handling and exit "
+                    "status are what is checked), each importing jax and transformers and "
+                    "compiling the asynchronous trainer's programs")
   def test_sigterm_checkpoints_and_the_resumed_run_logs_each_step_once(self):
     workdir = os.path.join(self.create_tempdir().full_path, "run")
     flags = ("--config=configs/smoke.py", "--config.train.steps=8", "--config.checkpoint.every=0",
