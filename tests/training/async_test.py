@@ -13,6 +13,7 @@ import pytest
 from absl.testing import absltest
 
 from jaxrl_llm import training
+from tests import xla_flags
 from tests.training import async_configs
 from jaxrl_llm.training import guards
 from tests.training.run_logs import comparable, read_jsonl, resume_from_step_two
@@ -148,7 +149,7 @@ class PreemptionTest(absltest.TestCase):
     flags = ("--config=configs/smoke.py", "--config.train.steps=8", "--config.checkpoint.every=0",
              "--config.algo.max_async_level=1", "--config.mesh.rollout_devices=1")
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+               XLA_FLAGS=xla_flags.for_devices(2))
 
     def start():
       return subprocess.Popen([sys.executable, "-m", "launch.train", f"--workdir={workdir}",

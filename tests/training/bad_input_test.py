@@ -21,6 +21,7 @@ from jaxrl_llm import training
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm import config as config_lib
 from tests import cli_runs
+from tests import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKE_REWARDS = "tests.rewards.fake_rewards"
@@ -40,7 +41,7 @@ def train_env(devices=None):
   many as this session has)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   if devices is not None:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = xla_flags.for_devices(devices)
   return env
 
 

@@ -26,6 +26,7 @@ from safetensors.numpy import load_file
 
 from configs import smoke
 from jaxrl_llm import assets, data, models, paths, training
+from tests import xla_flags
 from tests import gcs_emulator
 from tests.training import reliability_test
 from tests.training.loop_test import read_tb_scalars
@@ -62,7 +63,7 @@ def flags_config(model_path, data_path, steps=STEPS):
 def start(workdir, log, flag_values, env=None, module="launch.train"):
   """The trainer as a child process, pointed at the emulator; output appended to `log`."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=reliability_test.ROOT,
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={jax.device_count()}",
+             XLA_FLAGS=xla_flags.for_devices(jax.device_count()),
              **gcs_emulator.ENV, **(env or {}))
   with open(log, "ab") as out:
     return subprocess.Popen([sys.executable, "-m", module, f"--workdir={workdir}", *flag_values],

@@ -23,6 +23,7 @@ import pytest
 from absl.testing import absltest
 
 from jaxrl_llm import training
+from tests import xla_flags
 from tests.training import multiprocess_configs
 from tests.training.run_logs import comparable
 
@@ -57,7 +58,7 @@ def start_two_processes() -> None:
   workdirs = {name: os.path.join(tmp, name) for name in RUNS}
   address = f"127.0.0.1:{free_port()}"
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+             XLA_FLAGS=xla_flags.for_devices(4))
   flags = [f"--config={CONFIGS}:{RUNS[0]}", f"--workdir={workdirs[RUNS[0]]}",
            *(f"--then={name}:{workdirs[name]}" for name in RUNS[1:]),
            f"--coordinator_address={address}", "--num_processes=2"]

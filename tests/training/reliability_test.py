@@ -31,6 +31,7 @@ from safetensors.numpy import load_file
 from configs import smoke
 from jaxrl_llm import training
 from jaxrl_llm.training import guards
+from tests import xla_flags
 from tests.training.run_logs import comparable
 
 pytestmark = pytest.mark.slow_file(
@@ -65,7 +66,7 @@ def start(workdir, log=None, module="launch.train", env=None, devices=None):
   default workdir + '.log')."""
   devices = devices or jax.device_count()
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **(env or {}))
+             XLA_FLAGS=xla_flags.for_devices(devices), **(env or {}))
   with open(log or workdir + ".log", "ab") as out:
     return subprocess.Popen([sys.executable, "-m", module, f"--workdir={workdir}", *FLAGS],
                             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
