@@ -66,8 +66,11 @@ def token_keys(keys_B: jax.Array, t) -> jax.Array:
 
 
 def _argmax_rows(x_BV: jax.Array) -> jax.Array:
-  """argmax over the last axis (the first index of the maximum; a NaN counts as one)."""
-  return jnp.argmax(x_BV, axis=-1).astype(jnp.int32)
+  """argmax over the last axis (first index of the maximum) as two one-operand reductions
+  (an argmax is a two-operand reduce, slow on a CPU)."""
+  vocab_V = jnp.arange(x_BV.shape[-1], dtype=jnp.int32)
+  top_B1 = jnp.max(x_BV, axis=-1, keepdims=True)
+  return jnp.min(jnp.where(x_BV == top_B1, vocab_V, x_BV.shape[-1]), axis=-1)
 
 
 def choose_tokens(logits_BV: jax.Array, keys_B: jax.Array, s: SamplingSettings):

@@ -344,8 +344,8 @@ class ServerTest(absltest.TestCase):
     self.assertEqual(
         (statuses, after), (dict.fromkeys(statuses, 400), before),
         "prompt ids outside the vocabulary are not refused: an id >= vocab_size embeds as NaN "
-        "(jnp.take fills), the NaN logits make the engine 'sample' token 0 (the first NaN "
-        "is argmax's maximum) and, with logprobs, the NaN log-probs fail "
+        "(jnp.take fills), the NaN logits make the engine 'sample' token id vocab_size "
+        "(choose._argmax_rows finds no maximum) and, with logprobs, the NaN log-probs fail "
         "JSON encoding (500); -1 silently reads the last embedding row. The NaN keys and "
         "values stay in the slot's pages: the next request there (a good one, the same as "
         f"before) decodes NaN too. Sampled: {sampled}; the good request before: {before}, "
