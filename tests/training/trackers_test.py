@@ -14,6 +14,7 @@ import sys
 from unittest import mock
 
 import jax
+import pytest
 from absl.testing import absltest, parameterized
 
 from configs import smoke
@@ -69,6 +70,9 @@ def wandb_records(path):
       yield wandb_internal_pb2.Record.FromString(pending)
 
 
+@pytest.mark.slow("its set-up (charged to the first test) trains a 3-step run with every tracker "
+                  "and resumes it to step 4: each tracker's own import and start (W&B offline, "
+                  "MLflow's SQLite store, trackio) beside the run's programs")
 class TrackersRunTest(absltest.TestCase):
   """A 3-step run with every tracker, killed after step 3's rows but before its checkpoint
   stuck (the checkpoint is removed), resumed to step 4 in the same workdir."""
