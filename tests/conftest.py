@@ -47,19 +47,20 @@ def _cheapest_cpu_codegen():
   says (slower, nothing else)."""
   import inspect  # pylint: disable=g-import-not-at-top
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
+  from tests.xla_flags import FUSION_EMITTERS  # pylint: disable=g-import-not-at-top
   original = getattr(compiler, "get_compile_options", None)
   if (original is None or not hasattr(compiler, "_DISABLE_MOST_OPTIMIZATIONS") or
       not {"env_options_overrides", "backend"} <= set(inspect.signature(original).parameters)):
     return
   try:  # an XLA without the option refuses it
-    jax.jit(lambda x: x + 1).lower(1.0).compile({"xla_cpu_use_fusion_emitters": False})
+    jax.jit(lambda x: x + 1).lower(1.0).compile({FUSION_EMITTERS: False})
   except Exception:  # noqa: BLE001 -- then the tests compile as jax says
     return
 
   def get_compile_options(*args, env_options_overrides=None, backend=None, **kwargs):
     if (compiler._DISABLE_MOST_OPTIMIZATIONS.value  # pylint: disable=protected-access
         and getattr(backend, "platform", None) == "cpu"):
-      env_options_overrides = {"xla_cpu_use_fusion_emitters": False,
+      env_options_overrides = {FUSION_EMITTERS: False,
                                **(env_options_overrides or {})}
     return original(*args, env_options_overrides=env_options_overrides, backend=backend,
                     **kwargs)

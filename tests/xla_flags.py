@@ -4,9 +4,12 @@ emitters while JAX_DISABLE_MOST_OPTIMIZATIONS holds, as the test's own process c
 alike and log the same numbers, bit for bit."""
 import os
 
+# XLA:CPU's option for its fusion emitters (off: the elemental ones, cheaper to compile).
+FUSION_EMITTERS = "xla_cpu_use_fusion_emitters"
+
 
 def for_devices(devices: int) -> str:
   flags = f"--xla_force_host_platform_device_count={devices}"
   if os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS", "").lower() in ("1", "true"):
-    flags += " --xla_cpu_use_fusion_emitters=false"
+    flags += f" --{FUSION_EMITTERS}=false"
   return flags
