@@ -5,7 +5,6 @@ temporary Jupyter path), with `JAXRL_NOTEBOOK_SMOKE=1`; any cell that raises fai
 """
 import glob
 import os
-import re
 import sys
 import time
 from unittest import mock
@@ -15,6 +14,8 @@ from ipykernel import kernelspec
 import nbclient
 import nbformat
 import pytest
+
+from tests import xla_flags
 
 pytestmark = pytest.mark.slow_file(
     "runs both notebooks top to bottom, each in a fresh Jupyter kernel that imports jax and "
@@ -32,19 +33,10 @@ MAX_NOTEBOOK_BYTES = 40_000  # committed without outputs, a notebook is its text
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
-def xla_flags(devices: int) -> str:
-  """XLA_FLAGS as the suite sets them, with the fake CPU device count set to `devices`."""
-  flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
-                 os.environ.get("XLA_FLAGS", "")).split()
-  if devices > 1:
-    flags.append(f"--xla_force_host_platform_device_count={devices}")
-  return " ".join(flags)
-
-
 def run_notebook(path: str, root: str, devices: int) -> nbformat.NotebookNode:
   """Executes the notebook at `path` in smoke mode, in a kernel started in `root`."""
   kernelspec.write_kernel_spec(os.path.join(root, "kernels", KERNEL))  # argv: sys.executable
-  env = {"JAXRL_NOTEBOOK_SMOKE": "1", "XLA_FLAGS": xla_flags(devices),
+  env = {"JAXRL_NOTEBOOK_SMOKE": "1", "XLA_FLAGS": xla_flags.for_devices(devices),
          "JUPYTER_PATH": root, "JUPYTER_RUNTIME_DIR": os.path.join(root, "runtime"),
          "IPYTHONDIR": os.path.join(root, "ipython")}
   nb = nbformat.read(path, as_version=4)

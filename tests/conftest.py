@@ -66,6 +66,9 @@ def _cheapest_cpu_codegen():
                     **kwargs)
 
   compiler.get_compile_options = get_compile_options
+  if compiler._DISABLE_MOST_OPTIMIZATIONS.value:  # pylint: disable=protected-access
+    # The subprocesses (they inherit the environment; tests/xla_flags.py): the same, as a flag.
+    os.environ["XLA_FLAGS"] += f" --{FUSION_EMITTERS}=false"
 
 
 _cheapest_cpu_codegen()

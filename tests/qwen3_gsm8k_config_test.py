@@ -22,6 +22,7 @@ from jaxrl_llm import sharding as sh
 from jaxrl_llm import training
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm import config as config_lib
+from tests import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # variant -> (devices, processes, mesh it resolves to)
@@ -137,7 +138,7 @@ class Qwen3Gsm8kConfigTest(parameterized.TestCase):
     run = subprocess.run([sys.executable, "-c", script, self.model], cwd=REPO, text=True,
                          capture_output=True, timeout=300,
                          env=dict(os.environ, JAX_PLATFORMS="cpu",
-                                  XLA_FLAGS="--xla_force_host_platform_device_count=16"))
+                                  XLA_FLAGS=xla_flags.for_devices(16)))
     self.assertEqual(run.returncode, 0, run.stderr[-3000:])
     got = {tuple(line.split()[:2]): tuple(map(int, line.split()[2:]))
            for line in run.stdout.splitlines()}

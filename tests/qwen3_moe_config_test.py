@@ -11,6 +11,7 @@ from absl.testing import absltest
 
 from configs import qwen3_moe_gsm8k
 from tests import qwen3_gsm8k_config_test as dense_test
+from tests import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +34,7 @@ class Qwen3MoeConfigTest(absltest.TestCase):
     run = subprocess.run([sys.executable, "-c", script, self.model], cwd=REPO, text=True,
                          capture_output=True, timeout=300,
                          env=dict(os.environ, JAX_PLATFORMS="cpu",
-                                  XLA_FLAGS="--xla_force_host_platform_device_count=32"))
+                                  XLA_FLAGS=xla_flags.for_devices(32)))
     self.assertEqual(run.returncode, 0, run.stderr[-3000:])
     # data, fsdp, expert, context, tensor
     self.assertEqual(run.stdout.split(), ["1", "4", "8", "1", "1"])

@@ -17,6 +17,7 @@ import pytest
 from absl.testing import absltest
 
 from tests.qwen3_gsm8k_config_test import tiny_qwen3
+from tests import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)  # the venv's bin: python and jaxrl-llm-train
@@ -55,7 +56,7 @@ class ReadmeCommandsTest(absltest.TestCase):
     runs = commands(readme_block("### Real-model recipes"), "jaxrl-llm-train")
     self.assertLen(runs, 2)  # the v5e host and the GPU
     env = dict(os.environ, HOME=home, PATH=f"{BIN}:{os.environ['PATH']}", JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+               XLA_FLAGS=xla_flags.for_devices(8))
     for command, dry_run in zip(runs, ("--dry_run", "--dry-run")):  # both spellings
       run = subprocess.run(["bash", "-c", f"{command} {dry_run}"], cwd=home, env=env,
                            capture_output=True, text=True, timeout=300)

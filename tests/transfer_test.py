@@ -8,6 +8,8 @@ import sys
 
 from absl.testing import absltest
 
+from tests import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"fsdp_rows": ((8, 6), "float32"), "odd_rows": ((5, 6), "float32"),
           "odd": ((3,), "float32"), "bf16": ((16, 4), "bfloat16"), "interleaved": ((8, 2), "float32")}
@@ -58,7 +60,7 @@ class TransferAcrossProcessesTest(absltest.TestCase):
     from tests.training.multiprocess_test import free_port
     address = f"127.0.0.1:{free_port()}"
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+               XLA_FLAGS=xla_flags.for_devices(4))
     procs = [subprocess.Popen([sys.executable, __file__, address, str(i)], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(2)]
     outputs = [p.communicate(timeout=300)[0].decode(errors="replace") for p in procs]
