@@ -40,27 +40,28 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 def _cheapest_cpu_codegen():
   """While JAX_DISABLE_MOST_OPTIMIZATIONS holds (every test but those marked `optimized`),
-  XLA:CPU compiles with `xla_cpu_use_fusion_emitters=false`, a per-compile option (so the
-  persistent cache keys on it, and `optimized` tests get XLA's defaults). Measured on 2
-  cores, loop_test and turns_test: 108.7 -> 72.7 s of CPU. jax calls one private function
-  for every compile's options; should a jax release change it, the tests compile as jax
-  says (slower, nothing else)."""
+  XLA:CPU compiles with `xla_flags.CHEAPEST_CPU_CODEGEN`, per-compile options (so the
+  persistent cache keys on them, and `optimized` tests get XLA's defaults), and the
+  subprocesses get them in XLA_FLAGS. Measured on 2 cores, CPU seconds: loop_test and
+  turns_test 108.7 -> 72.7 (elemental emitters); loop_test 53.9 -> 46.6 (one LLVM module).
+  jax calls one private function for every compile's options; should a jax release change
+  it, or XLA refuse an option, the tests compile as jax says (slower, nothing else)."""
   import inspect  # pylint: disable=g-import-not-at-top
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
-  from tests.xla_flags import FUSION_EMITTERS  # pylint: disable=g-import-not-at-top
+  from tests import xla_flags  # pylint: disable=g-import-not-at-top
   original = getattr(compiler, "get_compile_options", None)
   if (original is None or not hasattr(compiler, "_DISABLE_MOST_OPTIMIZATIONS") or
       not {"env_options_overrides", "backend"} <= set(inspect.signature(original).parameters)):
     return
   try:  # an XLA without the option refuses it
-    jax.jit(lambda x: x + 1).lower(1.0).compile({FUSION_EMITTERS: False})
+    jax.jit(lambda x: x + 1).lower(1.0).compile(xla_flags.CHEAPEST_CPU_CODEGEN)
   except Exception:  # noqa: BLE001 -- then the tests compile as jax says
     return
 
   def get_compile_options(*args, env_options_overrides=None, backend=None, **kwargs):
     if (compiler._DISABLE_MOST_OPTIMIZATIONS.value  # pylint: disable=protected-access
         and getattr(backend, "platform", None) == "cpu"):
-      env_options_overrides = {FUSION_EMITTERS: False,
+      env_options_overrides = {**xla_flags.CHEAPEST_CPU_CODEGEN,
                                **(env_options_overrides or {})}
     return original(*args, env_options_overrides=env_options_overrides, backend=backend,
                     **kwargs)
@@ -68,7 +69,7 @@ def _cheapest_cpu_codegen():
   compiler.get_compile_options = get_compile_options
   if compiler._DISABLE_MOST_OPTIMIZATIONS.value:  # pylint: disable=protected-access
     # The subprocesses (they inherit the environment; tests/xla_flags.py): the same, as a flag.
-    os.environ["XLA_FLAGS"] += f" --{FUSION_EMITTERS}=false"
+    os.environ["XLA_FLAGS"] += " " + xla_flags.as_flags(xla_flags.CHEAPEST_CPU_CODEGEN)
 
 
 _cheapest_cpu_codegen()
