@@ -21,6 +21,10 @@ What differs from a fresh `python -m`:
   of that: JAX reads it when it starts a backend, which the server never does (a run may
   set its own device count); so is PYTEST_CURRENT_TEST, which pytest sets per test.
 tests/training/bad_input_test.py checks one run both ways, fresh and forked.
+
+`run` waits for the command's end; `start` returns at once with a handle that behaves as a
+`subprocess.Popen` does (`pid`, `poll`, `wait`, `send_signal`, `kill`), for the tests that
+signal a run or watch it as it goes. A server runs one command at a time.
 """
 from __future__ import annotations
 
@@ -45,48 +49,120 @@ def run(module: str, args, *, env=None, cwd: str = REPO, timeout: float = 600
         ) -> subprocess.CompletedProcess:
   """`python -m module *args` in `cwd` with `env` (default: this process's): its exit status,
   stdout and stderr, as `subprocess.run(..., capture_output=True, text=True)` gives them."""
-  env = dict(os.environ if env is None else env)
-  cmd = [sys.executable, "-m", module, *map(str, args)]
   with tempfile.TemporaryDirectory(prefix="cli_runs_") as tmp:
     out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-    request = {"module": module, "args": cmd[3:], "cwd": os.path.abspath(cwd), "env": env,
-               "stdout": out, "stderr": err}
-    returncode = _server(env).run(request, timeout, cmd)
+    started = start(module, args, stdout=out, stderr=err, env=env, cwd=cwd)
+    try:
+      returncode = started.wait(timeout)
+    except subprocess.TimeoutExpired:
+      started.server.kill()
+      raise
     with open(out, errors="replace") as f_out, open(err, errors="replace") as f_err:
-      return subprocess.CompletedProcess(cmd, returncode, f_out.read(), f_err.read())
+      return subprocess.CompletedProcess(started.args, returncode, f_out.read(), f_err.read())
 
 
-_SERVERS: dict[tuple, "_Server"] = {}
+def start(module: str, args, *, stdout: str, stderr: str | None = None, append: bool = False,
+          env=None, cwd: str = REPO) -> "Started":
+  """Starts `python -m module *args` in `cwd` with `env` (default: this process's), its
+  output written to the file `stdout` (`append`: after what it holds), its errors to
+  `stderr` (None: to `stdout` as well, as `stderr=subprocess.STDOUT` does)."""
+  env = dict(os.environ if env is None else env)
+  cmd = [sys.executable, "-m", module, *map(str, args)]
+  request = {"module": module, "args": cmd[3:], "cwd": os.path.abspath(cwd), "env": env,
+             "stdout": os.path.abspath(stdout),
+             "stderr": os.path.abspath(stderr or stdout), "append": append}
+  server = _server(env)
+  return Started(server, server.start(request, cmd), cmd)
+
+
+class Started:
+  """A command `start`ed, as a `subprocess.Popen` of it: its pid and, once it has ended,
+  its exit status (negative: the signal that ended it)."""
+
+  def __init__(self, server: "_Server", pid: int, args):
+    self.server, self.pid, self.args, self.returncode = server, pid, args, None
+
+  def poll(self) -> int | None:
+    if self.returncode is None and self.server.ended(0):
+      self.returncode = self.server.returncode()
+    return self.returncode
+
+  def wait(self, timeout: float | None = None) -> int:
+    if self.returncode is None:
+      if not self.server.ended(timeout):
+        raise subprocess.TimeoutExpired(self.args, timeout)
+      self.returncode = self.server.returncode()
+    return self.returncode
+
+  def send_signal(self, sig: int):
+    if self.poll() is None:  # not yet reaped by the server: the pid is still this run's
+      os.kill(self.pid, sig)
+
+  def kill(self):
+    self.send_signal(signal.SIGKILL)
+
+
+_SERVERS: dict[tuple, list["_Server"]] = {}
 
 
 def _server(env: dict) -> "_Server":
+  """An idle server of `env`: one of those started for it, else a new one."""
   key = tuple(sorted((k, v) for k, v in env.items() if k not in _NOT_READ_AT_IMPORT))
-  server = _SERVERS.get(key)
-  if server is None or server.proc.poll() is not None:
-    server = _SERVERS[key] = _Server(env)
-  return server
+  servers = _SERVERS.setdefault(key, [])
+  servers[:] = [s for s in servers if s.proc.poll() is None]
+  for server in servers:
+    if server.idle():
+      return server
+  servers.append(_Server(env))
+  return servers[-1]
 
 
 class _Server:
+  """A server process (`serve`) and its answers: a pid when it has forked a command, that
+  command's exit status when it has ended."""
 
   def __init__(self, env: dict):
     self.proc = subprocess.Popen(
         [sys.executable, "-c", "from tests import cli_runs; cli_runs.serve()"], cwd=REPO,
-        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         start_new_session=True)  # its own process group: a timeout kills it and its child
+    self.running = False  # a command started whose exit status is not yet read
+    self._answers = b""  # read from its stdout, unbuffered: select() sees what is left
 
-  def run(self, request: dict, timeout: float, cmd) -> int:
-    self.proc.stdin.write(json.dumps(request) + "\n")
+  def idle(self) -> bool:
+    """No command running (one that a test left and that has ended since: its status read)."""
+    if self.running and self.ended(0):
+      self.returncode()
+    return not self.running
+
+  def start(self, request: dict, cmd) -> int:
+    """Sends the request; the child's pid once the server has forked it."""
+    self.proc.stdin.write((json.dumps(request) + "\n").encode())
     self.proc.stdin.flush()
-    ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-    if not ready:
-      os.killpg(self.proc.pid, signal.SIGKILL)
-      self.proc.wait()
-      raise subprocess.TimeoutExpired(cmd, timeout)
-    line = self.proc.stdout.readline()
-    if not line:
-      raise RuntimeError(f"the command-line server died (status {self.proc.wait()})")
-    return json.loads(line)["returncode"]
+    self.running = True
+    return self._answer()["pid"]
+
+  def ended(self, timeout: float | None) -> bool:
+    return (b"\n" in self._answers
+            or bool(select.select([self.proc.stdout], [], [], timeout)[0]))
+
+  def returncode(self) -> int:
+    self.running = False
+    return self._answer()["returncode"]
+
+  def _answer(self) -> dict:
+    while b"\n" not in self._answers:
+      chunk = os.read(self.proc.stdout.fileno(), 4096)
+      if not chunk:
+        raise RuntimeError(f"the command-line server died (status {self.proc.wait()})")
+      self._answers += chunk
+    line, self._answers = self._answers.split(b"\n", 1)
+    return json.loads(line)
+
+  def kill(self):
+    """The server and the command it runs (a run past its timeout)."""
+    os.killpg(self.proc.pid, signal.SIGKILL)
+    self.proc.wait()
 
   def close(self):
     if self.proc.poll() is None:
@@ -101,7 +177,8 @@ class _Server:
 def close_all():
   """Ends every server (each exits normally)."""
   while _SERVERS:
-    _SERVERS.popitem()[1].close()
+    for server in _SERVERS.popitem()[1]:
+      server.close()
 
 
 atexit.register(close_all)  # a server lives as long as the process (files of a worker share it)
@@ -110,7 +187,7 @@ atexit.register(close_all)  # a server lives as long as the process (files of a 
 # --- the server ----------------------------------------------------------------------------
 def serve():
   """Imports `PRELOAD`, then runs each request read from stdin (one JSON line) in a forked
-  child and answers its exit status on stdout (one JSON line)."""
+  child and answers on stdout (a JSON line each) the child's pid, then its exit status."""
   import importlib  # pylint: disable=g-import-not-at-top
   answers = os.fdopen(os.dup(1), "w")
   stderr = os.dup(2)
@@ -136,6 +213,8 @@ def serve():
     if pid == 0:
       answers.close()
       _child(request, heads)  # never returns: os._exit
+    answers.write(json.dumps({"pid": pid}) + "\n")
+    answers.flush()
     _, status = os.waitpid(pid, 0)
     answers.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n")
     answers.flush()
@@ -149,10 +228,14 @@ def _child(request: dict, heads: list[bytes]):
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    for fd, path, head in ((1, request["stdout"], heads[0]), (2, request["stderr"], heads[1])):
-      f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if request["append"] else os.O_TRUNC)
+    out = os.open(request["stdout"], mode, 0o600)
+    err = out if request["stderr"] == request["stdout"] else os.open(request["stderr"], mode,
+                                                                      0o600)
+    for fd, f, head in ((1, out, heads[0]), (2, err, heads[1])):
       os.write(f, head)
       os.dup2(f, fd)
+    for f in {out, err}:
       os.close(f)
     os.chdir(request["cwd"])
     os.environ.clear()

@@ -3,8 +3,6 @@ import functools
 import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 
 import jax
@@ -13,6 +11,7 @@ import pytest
 from absl.testing import absltest
 
 from jaxrl_llm import training
+from tests import cli_runs
 from tests import xla_flags
 from tests.training import async_configs
 from jaxrl_llm.training import guards
@@ -142,8 +141,8 @@ class ResumeTest(absltest.TestCase):
 class PreemptionTest(absltest.TestCase):
 
   @pytest.mark.slow("two starts of the real command line (the process's SIGTERM handling and exit "
-                    "status are what is checked), each importing jax and transformers and "
-                    "compiling the asynchronous trainer's programs")
+                    "status are what is checked), each tracing and compiling the asynchronous "
+                    "trainer's programs")
   def test_sigterm_checkpoints_and_the_resumed_run_logs_each_step_once(self):
     workdir = os.path.join(self.create_tempdir().full_path, "run")
     flags = ("--config=configs/smoke.py", "--config.train.steps=8", "--config.checkpoint.every=0",
@@ -151,21 +150,26 @@ class PreemptionTest(absltest.TestCase):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
                XLA_FLAGS=xla_flags.for_devices(2))
 
-    def start():
-      return subprocess.Popen([sys.executable, "-m", "launch.train", f"--workdir={workdir}",
-                               *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    def start(log):  # forked from tests/cli_runs.py's server
+      return cli_runs.start("launch.train", [f"--workdir={workdir}", *flags], stdout=log,
+                            env=env, cwd=ROOT)
 
-    proc = start()
+    def finish(proc, log):
+      proc.wait(timeout=600)
+      with open(log, errors="replace") as f:
+        return f.read()
+
+    first, second = workdir + ".1.log", workdir + ".2.log"
+    proc = start(first)
     wait_for(lambda: any(r["step"] >= 1 for r in rows(workdir)), proc, "step 1")
     proc.send_signal(signal.SIGTERM)
-    log, _ = proc.communicate(timeout=600)
+    log = finish(proc, first)
     self.assertEqual(proc.returncode, guards.PREEMPTED_EXIT_CODE, log[-3000:])
     last = max(r["step"] for r in rows(workdir))
     self.assertLess(last, 8)
     self.assertEqual(steps_of(workdir), [last])  # a checkpoint of the step it stopped after
-    proc = start()
-    log, _ = proc.communicate(timeout=600)
+    proc = start(second)
+    log = finish(proc, second)
     self.assertEqual(proc.returncode, 0, log[-3000:])
     got = rows(workdir)
     self.assertEqual([r["step"] for r in got], list(range(1, 9)))

@@ -14,8 +14,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 
 import jax
@@ -26,8 +24,9 @@ from safetensors.numpy import load_file
 
 from configs import smoke
 from jaxrl_llm import assets, data, models, paths, training
-from tests import xla_flags
+from tests import cli_runs
 from tests import gcs_emulator
+from tests import xla_flags
 from tests.training import reliability_test
 from tests.training.loop_test import read_tb_scalars
 from tests.training.run_logs import comparable
@@ -60,15 +59,13 @@ def flags_config(model_path, data_path, steps=STEPS):
   return config
 
 
-def start(workdir, log, flag_values, env=None, module="launch.train"):
-  """The trainer as a child process, pointed at the emulator; output appended to `log`."""
+def start(workdir, log, flag_values, module="launch.train"):
+  """The trainer as a child process forked from tests/cli_runs.py's server, pointed at the
+  emulator; output appended to `log`."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=reliability_test.ROOT,
-             XLA_FLAGS=xla_flags.for_devices(jax.device_count()),
-             **gcs_emulator.ENV, **(env or {}))
-  with open(log, "ab") as out:
-    return subprocess.Popen([sys.executable, "-m", module, f"--workdir={workdir}", *flag_values],
-                            cwd=reliability_test.ROOT, env=env, stdout=out,
-                            stderr=subprocess.STDOUT)
+             XLA_FLAGS=xla_flags.for_devices(jax.device_count()), **gcs_emulator.ENV)
+  return cli_runs.start(module, [f"--workdir={workdir}", *flag_values], stdout=log,
+                        append=True, env=env, cwd=reliability_test.ROOT)
 
 
 def finish(proc, log, timeout=600):
@@ -119,8 +116,8 @@ class GcsWorkdirTest(absltest.TestCase):
     self.assertTrue(paths.exists(paths.join(workdir, "export", "model.safetensors")))
 
   @pytest.mark.slow("two starts of the real command line (killed while committing, then "
-                    "resumed), each a new process importing jax and transformers and tracing "
-                    "a step's programs, beside the reference run in this process")
+                    "resumed), each a process tracing and compiling a step's programs, beside "
+                    "the reference run in this process")
   def test_killed_and_resumed_on_gcs_matches_a_local_run(self):
     # The run on gs://, killed while checkpoint PAUSE is being committed ...
     workdir = paths.join(self.bucket, "run")
@@ -128,8 +125,8 @@ class GcsWorkdirTest(absltest.TestCase):
     gcs_flags = flags(paths.join(self.bucket, "model"),
                       paths.join(self.bucket, "data", "train.jsonl"))
     marker = os.path.join(self.tmp, "in_write")
-    proc = start(workdir, log, gcs_flags, module="tests.training.pausing_train",
-                 env={"PAUSE_STEP": str(PAUSE), "PAUSE_MARKER": marker})
+    proc = start(workdir, log, [*gcs_flags, f"--pause_step={PAUSE}", f"--pause_marker={marker}"],
+                 module="tests.training.pausing_train")
     # ... alongside the uninterrupted reference, all local, in this process.
     reference = os.path.join(self.tmp, "reference")
     training.train(flags_config(assets.path("arithmetic_sft"),

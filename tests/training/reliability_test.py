@@ -1,7 +1,8 @@
 """Nothing is lost: determinism, exact resume after SIGKILL, SIGTERM preemption.
 
 Every interrupted run here is the real command line, `python -m launch.train`, in its own
-process, so a kill is a real kill. One workdir is stopped five ways in a row, each start
+process (forked from tests/cli_runs.py's server, which has imported JAX and the library
+once), so a kill is a real kill. One workdir is stopped five ways in a row, each start
 resuming what the one before it left: SIGKILLed while committing a checkpoint, SIGTERM
 (exit 75), Ctrl-C (exit 75), SIGKILLed between steps, Ctrl-C twice (exit 130); the sixth
 start finishes it. What each stop left is checked on the spot, and the finished run must
@@ -16,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,12 +31,13 @@ from safetensors.numpy import load_file
 from configs import smoke
 from jaxrl_llm import training
 from jaxrl_llm.training import guards
+from tests import cli_runs
 from tests import xla_flags
 from tests.training.run_logs import comparable
 
 pytestmark = pytest.mark.slow_file(
-    "six starts of the real command line (a new process each: importing jax and "
-    "transformers, tracing every program of a step) to stop one run five ways and finish it")
+    "six starts of the real command line (a process each, tracing and compiling every "
+    "program of a step) to stop one run five ways and finish it")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Checkpoints every EVERY steps and at the end, the newest KEEP kept; the first start is
@@ -61,15 +62,14 @@ def flags_config():
   return config
 
 
-def start(workdir, log=None, module="launch.train", env=None, devices=None):
-  """The trainer on `workdir`, as a child process (stdout/stderr appended to `log`, by
-  default workdir + '.log')."""
+def start(workdir, log=None, module="launch.train", flags=(), devices=None):
+  """The trainer on `workdir`, as a child process forked from tests/cli_runs.py's server
+  (stdout/stderr appended to `log`, by default workdir + '.log')."""
   devices = devices or jax.device_count()
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-             XLA_FLAGS=xla_flags.for_devices(devices), **(env or {}))
-  with open(log or workdir + ".log", "ab") as out:
-    return subprocess.Popen([sys.executable, "-m", module, f"--workdir={workdir}", *FLAGS],
-                            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+             XLA_FLAGS=xla_flags.for_devices(devices))
+  return cli_runs.start(module, [f"--workdir={workdir}", *FLAGS, *flags],
+                        stdout=log or workdir + ".log", append=True, env=env, cwd=ROOT)
 
 
 def finish(proc, log, timeout=600):
@@ -118,7 +118,7 @@ class Stop:
 
 
 @pytest.mark.slow("its set-up starts the command line six times (five stops, one finish), "
-                  "each a new process importing jax and transformers and tracing a step's programs")
+                  "each a process tracing and compiling a step's programs")
 class ReliabilityTest(absltest.TestCase):
   """The reference run, then one run started six times (`_stop_five_ways`)."""
 
@@ -164,7 +164,7 @@ class ReliabilityTest(absltest.TestCase):
     # 1. SIGKILL while checkpoint PAUSE is being committed (a fresh run).
     marker = os.path.join(cls.tmp, "in_write")
     proc, log = cls._start("killed_in_write", module="tests.training.pausing_train",
-                           env={"PAUSE_STEP": str(PAUSE), "PAUSE_MARKER": marker})
+                           flags=(f"--pause_step={PAUSE}", f"--pause_marker={marker}"))
     wait_for(lambda: os.path.exists(marker), proc, f"the write of checkpoint {PAUSE}")
     proc.send_signal(signal.SIGKILL)
     cls._stopped("killed_in_write", proc, log)
