@@ -17,9 +17,16 @@ import os
 import shutil
 import tempfile
 
+from tests import xla_flags
+
 # Must happen before jax initialises its backends.
 DEVICES = int(os.environ.setdefault("JAXRL_TEST_DEVICES", "8"))
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={DEVICES}")
+# XLA reads XLA_FLAGS once, for every compile of the process: this process's own compiles
+# take the cheapest code generation per compile (`_cheapest_cpu_codegen`, not the
+# `optimized` tests'), so not from the flags that an xdist worker inherits from the
+# controller, where this file added them for the subprocesses.
+os.environ["XLA_FLAGS"] = xla_flags.without_cheapest_codegen(os.environ["XLA_FLAGS"])
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,7 +55,6 @@ def _cheapest_cpu_codegen():
   it, or XLA refuse an option, the tests compile as jax says (slower, nothing else)."""
   import inspect  # pylint: disable=g-import-not-at-top
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
-  from tests import xla_flags  # pylint: disable=g-import-not-at-top
   original = getattr(compiler, "get_compile_options", None)
   if (original is None or not hasattr(compiler, "_DISABLE_MOST_OPTIMIZATIONS") or
       not {"env_options_overrides", "backend"} <= set(inspect.signature(original).parameters)):

@@ -17,6 +17,13 @@ CHEAPEST_CPU_CODEGEN = {"xla_cpu_use_fusion_emitters": False,
 
 def as_flags(options: dict) -> str:
   return " ".join(f"--{name}={str(value).lower()}" for name, value in options.items())
+
+
+def without_cheapest_codegen(flags: str) -> str:
+  """`flags` less `CHEAPEST_CPU_CODEGEN`'s (as a test process inherits them from pytest's
+  controller: its own compiles take them per compile, the `optimized` ones not at all)."""
+  return " ".join(f for f in flags.split()
+                  if f.split("=", 1)[0].lstrip("-") not in CHEAPEST_CPU_CODEGEN)
 _DEVICE_COUNT = "--xla_force_host_platform_device_count"
 
 

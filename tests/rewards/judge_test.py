@@ -3,8 +3,6 @@
 parsed; both train a GRPO run through the command line; bad input exits before loading."""
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from unittest import mock
 
@@ -21,6 +19,7 @@ from jaxrl_llm.config import ConfigError, schema, validate
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.rewards import judge as judge_lib
+from tests import cli_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VOCAB = 128
@@ -146,7 +145,7 @@ class JudgeTest(absltest.TestCase):
                         for s in sources_lib.run_sources(config)))
 
   @pytest.mark.slow("a real `python -m launch.train` (one step of the smoke run with a classifier "
-                    "judge: the process imports the library and compiles the run's programs), "
+                    "judge, forked from tests/cli_runs.py's server: it compiles the run's programs), "
                     "then the generative judge's run in this process")
   def test_judges_train_grpo_through_the_command_line(self):
     """The classifier through the command line (its `--config.judge.*` flags); the generative
@@ -155,14 +154,14 @@ class JudgeTest(absltest.TestCase):
     for kind, path in (("classifier", self.classifier), ("generative", self.seven)):
       workdir = os.path.join(self.tmp, f"run_{kind}")
       if kind == "classifier":
-        proc = subprocess.run(
-            [sys.executable, "-m", "launch.train", "--config=configs/smoke.py",
-             f"--workdir={workdir}", f"--config.judge.path={path}", f"--config.judge.kind={kind}",
-             "--config.judge.chat=False", "--config.judge.weight=0.5", "--config.train.steps=1",
+        proc = cli_runs.run(
+            "launch.train",
+            ["--config=configs/smoke.py", f"--workdir={workdir}", f"--config.judge.path={path}",
+             f"--config.judge.kind={kind}", "--config.judge.chat=False",
+             "--config.judge.weight=0.5", "--config.train.steps=1",
              "--config.logging.rollouts_every=1", r"--config.judge.parser=(\d)",
              "--config.judge.max_new_tokens=2"],
-            cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
-            timeout=600)
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), timeout=600)
         self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
       else:
         config = smoke.get_config()
@@ -181,11 +180,11 @@ class JudgeTest(absltest.TestCase):
         self.assertEqual(set(parts), {7.0})
 
   def test_a_bad_judge_exits_2_with_one_line(self):
-    proc = subprocess.run(
-        [sys.executable, "-m", "launch.train", "--config=configs/smoke.py",
-         f"--workdir={os.path.join(self.tmp, 'refused')}", f"--config.judge.path={self.seven}",
-         "--config.judge.kind=classifier"],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=300)
+    proc = cli_runs.run(
+        "launch.train",
+        ["--config=configs/smoke.py", f"--workdir={os.path.join(self.tmp, 'refused')}",
+         f"--config.judge.path={self.seven}", "--config.judge.kind=classifier"],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
     self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
     self.assertIn("has no score head", proc.stderr.strip().splitlines()[-1])
 

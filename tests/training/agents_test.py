@@ -7,8 +7,6 @@ hangs is cancelled, and the CLI trains one end to end."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import textwrap
 
@@ -23,6 +21,7 @@ from jaxrl_llm import data, envs, models, sampling, serving
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.training import prepare, steps
 from jaxrl_llm.training.rollouts import agents, episodes
+from tests import cli_runs
 from tests.training import agent_testing
 from tests.training.episodes_test import agent_config, first_rollout
 
@@ -316,8 +315,8 @@ def _advantage():
 
 class AgentCliTest(absltest.TestCase):
 
-  @pytest.mark.slow("a real `python -m launch.train` of an agent program, two steps: the "
-                    "process imports jax and the library and compiles a run's programs")
+  @pytest.mark.slow("a real `python -m launch.train` of an agent program, two steps (forked "
+                    "from tests/cli_runs.py's server): the process compiles a run's programs")
   def test_an_agent_file_trains_through_the_cli_and_its_rollouts_are_token_exact(self):
     root = tempfile.mkdtemp()
     model_dir = agent_testing.make_model_dir(os.path.join(root, "model"), eos_logit=2.0)
@@ -325,14 +324,13 @@ class AgentCliTest(absltest.TestCase):
     with open(agent_file, "w") as f:
       f.write(AGENT)
     workdir = os.path.join(root, "run")
-    run = subprocess.run(
-        [sys.executable, "-m", "launch.train", "--config=grpo:runlocal", f"--workdir={workdir}",
-         f"--config.model.path={model_dir}", f"--config.data.agent={agent_file}:run",
-         "--config.data.max_episode_tokens=96", "--config.sampling.max_new_tokens=16",
-         "--config.data.env_workers=4", "--config.logging.rollouts_every=1",
-         "--config.logging.trackers=jsonl"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    run = cli_runs.run(  # forked from the server that has imported JAX and the library
+        "launch.train",
+        ["--config=grpo:runlocal", f"--workdir={workdir}", f"--config.model.path={model_dir}",
+         f"--config.data.agent={agent_file}:run", "--config.data.max_episode_tokens=96",
+         "--config.sampling.max_new_tokens=16", "--config.data.env_workers=4",
+         "--config.logging.rollouts_every=1", "--config.logging.trackers=jsonl"],
+        cwd=REPO, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     self.assertEqual(run.returncode, 0, run.stderr[-3000:])
     with open(os.path.join(workdir, "rollouts.jsonl")) as f:
       rows = [json.loads(line) for line in f]
