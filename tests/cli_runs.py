@@ -83,9 +83,10 @@ class Started:
     self.server, self.pid, self.args, self.returncode = server, pid, args, None
 
   def poll(self) -> int | None:
-    if self.returncode is None and self.server.ended(0):
-      self.returncode = self.server.returncode()
-    return self.returncode
+    try:
+      return self.wait(0)
+    except subprocess.TimeoutExpired:
+      return None
 
   def wait(self, timeout: float | None = None) -> int:
     if self.returncode is None:

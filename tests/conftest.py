@@ -21,7 +21,7 @@ from tests import xla_flags
 
 # Must happen before jax initialises its backends.
 DEVICES = int(os.environ.setdefault("JAXRL_TEST_DEVICES", "8"))
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={DEVICES}")
+os.environ.setdefault("XLA_FLAGS", f"--{xla_flags.DEVICE_COUNT}={DEVICES}")
 # XLA reads XLA_FLAGS once, for every compile of the process: this process's own compiles
 # take the cheapest code generation per compile (`_cheapest_cpu_codegen`, not the
 # `optimized` tests'), so not from the flags that an xdist worker inherits from the

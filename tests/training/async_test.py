@@ -16,7 +16,7 @@ from tests import xla_flags
 from tests.training import async_configs
 from jaxrl_llm.training import guards
 from tests.training.run_logs import comparable, read_jsonl, resume_from_step_two
-from tests.training.reliability_test import ROOT, rows, steps_of, wait_for
+from tests.training.reliability_test import ROOT, finish, rows, steps_of, wait_for
 
 # Metrics of `async_configs.golden_config()` on 2 CPU devices, first written by the trainer at
 # commit ff34889 (before asynchronous rollouts existed), re-recorded when each completion began
@@ -154,22 +154,17 @@ class PreemptionTest(absltest.TestCase):
       return cli_runs.start("launch.train", [f"--workdir={workdir}", *flags], stdout=log,
                             env=env, cwd=ROOT)
 
-    def finish(proc, log):
-      proc.wait(timeout=600)
-      with open(log, errors="replace") as f:
-        return f.read()
-
     first, second = workdir + ".1.log", workdir + ".2.log"
     proc = start(first)
     wait_for(lambda: any(r["step"] >= 1 for r in rows(workdir)), proc, "step 1")
     proc.send_signal(signal.SIGTERM)
-    log = finish(proc, first)
+    _, log = finish(proc, first)
     self.assertEqual(proc.returncode, guards.PREEMPTED_EXIT_CODE, log[-3000:])
     last = max(r["step"] for r in rows(workdir))
     self.assertLess(last, 8)
     self.assertEqual(steps_of(workdir), [last])  # a checkpoint of the step it stopped after
     proc = start(second)
-    log = finish(proc, second)
+    _, log = finish(proc, second)
     self.assertEqual(proc.returncode, 0, log[-3000:])
     got = rows(workdir)
     self.assertEqual([r["step"] for r in got], list(range(1, 9)))

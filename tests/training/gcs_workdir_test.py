@@ -68,12 +68,6 @@ def start(workdir, log, flag_values, module="launch.train"):
                         append=True, env=env, cwd=reliability_test.ROOT)
 
 
-def finish(proc, log, timeout=600):
-  rc = proc.wait(timeout=timeout)
-  with open(log, errors="replace") as f:
-    return rc, f.read()
-
-
 def rows(workdir):
   gcs_emulator.fresh_listings()
   path = paths.join(workdir, "metrics.jsonl")
@@ -145,7 +139,7 @@ class GcsWorkdirTest(absltest.TestCase):
     self.assertTrue(paths.exists(paths.join(ckpts, str(EVERY), "commit_success.txt")))
 
     # Resumed from checkpoint EVERY, to the end.
-    rc, text = finish(start(workdir, log, gcs_flags), log)
+    rc, text = reliability_test.finish(start(workdir, log, gcs_flags), log)
     self.assertEqual(rc, 0, text[-3000:])
 
     # Every step logged once, with the reference's metrics; the same final parameters.
