@@ -139,7 +139,7 @@ def _one_group(config, plan: Plan, cfg, where: str) -> rollouts.Rollout:
   ones = lambda *shape: np.ones(shape, np.int32)
   routing = None
   if (cfg.is_moe and plan.completions == "sample" and not multi  # the static engine
-      and _settings(config, cfg).resolved_engine(where) == "static"):  # records the experts
+      and sampling.engine_kind(_settings(config, cfg), "samples", where) == "static"):  # records the experts
     routing = zeros(G, S0 + N, cfg.num_moe_layers, cfg.num_experts_per_tok)
   hint = S0 + config.algo.distill.max_hint_len
   echo = multi and any(float(v) for v in config.algo.echo.values())
@@ -219,7 +219,7 @@ def _decode_steps(settings: sampling.SamplingSettings, model: models.Model, prom
   slots as its pages hold completions at the limit (`kv_pages`; preemptions' recompute not
   counted)."""
   N = settings.max_new_tokens
-  if settings.resolved_engine(platform.of(model.mesh)) == "static":
+  if sampling.engine_kind(settings, "samples", platform.of(model.mesh)) == "static":
     return N
   shards = sampling.continuous.batch_shards(model, prompts)[1]
   requests = prompts * settings.num_samples

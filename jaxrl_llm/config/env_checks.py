@@ -5,8 +5,6 @@ from __future__ import annotations
 import inspect
 import math
 
-import jax
-
 from jaxrl_llm import import_path
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.config.errors import ConfigError
@@ -16,8 +14,9 @@ from jaxrl_llm.config.errors import one_of as _one_of
 ENV_ERRORS = ("stop", "drop")  # on_env_error
 
 
-def check_envs(config) -> None:
-  """Multi-turn sources (`env` set): their fields, and what they do not combine with yet."""
+def check_envs(config, platform_name: str) -> None:
+  """Multi-turn sources (`env` set): their fields, and what they do not combine with yet
+  (their episodes played on platform `platform_name`: 'cpu', 'gpu' or 'tpu')."""
   run = sources_lib.run_sources(config)
   multi = [s for s in run if s.multi_turn]
   for role, alpha in config.algo.echo.items():
@@ -35,7 +34,7 @@ def check_envs(config) -> None:
       _check_agent(config, s)
     else:
       import_path.load_function(e["env"], field=f"{s.field}.env")  # a typo fails here
-      _check_admission(config)
+      _check_admission(config, platform_name)
     for key in ("max_turns", "env_workers"):
       if isinstance(e[key], bool) or not isinstance(e[key], int) or e[key] < 1:
         _fail(f"{where}.{key}", e[key], "an integer >= 1")
@@ -74,13 +73,13 @@ def check_envs(config) -> None:
             "'model' with an environment (a hint before an episode is not supported)")
 
 
-def _check_admission(config) -> None:
-  """Episodes admitted on the serving engine sample with temperature and top-p only."""
+def _check_admission(config, platform_name: str) -> None:
+  """Episodes admitted on the slot engine sample with temperature and top-p only."""
   if not config.sampling.top_k:
     return
-  from jaxrl_llm import platform, sampling  # pylint: disable=g-import-not-at-top
+  from jaxrl_llm import sampling  # pylint: disable=g-import-not-at-top
   settings = sampling.settings.from_config(config.sampling, eos_ids=(), pad_id=0)
-  if settings.episode_engine(platform.device_platform(jax.local_devices()[0])) != "static":
+  if sampling.engine_kind(settings, "episodes", platform_name) == "slots":
     _fail("sampling.top_k", config.sampling.top_k, "0 with episodes admitted one at a time "
           f"(config.sampling.engine={config.sampling.engine!r} samples them with temperature "
           "and top-p), or config.sampling.engine='static' (turn-synchronous episodes)")

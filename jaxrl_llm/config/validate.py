@@ -13,7 +13,7 @@ import math
 import jax
 from absl import logging
 
-from jaxrl_llm import import_path, paths, sampling
+from jaxrl_llm import import_path, paths, platform, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.config import (algo_checks, env_checks, inputs, judge_checks, keys,
                               logging_checks, reward_checks, schema)
@@ -55,9 +55,10 @@ def validate(config, devices=None, workdir: str | None = None, data: bool = Fals
     _check_model(config.model)
     _check_lora(config)
     _check_sources(config)
-    env_checks.check_envs(config)
+    where = platform.device_platform((jax.devices() if devices is None else devices)[0])
+    env_checks.check_envs(config, where)
     _check_routing_replay(config)
-    _check_partial(config)
+    _check_partial(config, where)
     _check_teacher(config)
     judge_checks.check_judge(config)
     _check_eval(config.eval)
@@ -306,8 +307,9 @@ def _check_routing_replay(config) -> None:
   # the experts of every token they feed.
 
 
-def _check_partial(config) -> None:
-  """Partial rollouts stream samples, or episodes, through engines kept busy across steps."""
+def _check_partial(config, where: str) -> None:
+  """Partial rollouts stream samples, or episodes, through engines kept busy across steps
+  (on platform `where`: `sampling.engine_kind`)."""
   if not config.rollouts.partial:  # a bool field: ml_collections refuses other types
     return
   why = None
@@ -319,9 +321,10 @@ def _check_partial(config) -> None:
   elif any(source.env.get("agent") for source in sources_lib.run_sources(config)):
     why = "False: an agent program's episodes do not span publishes yet (docs/agents.md)"
   elif (any(source.multi_turn for source in sources_lib.run_sources(config))
-        and config.sampling.engine == "static"):
-    why = "False, or sampling.engine='continuous' or 'auto' (episodes span publishes on the " \
-          "serving engine, not the turn-synchronous player)"
+        and _episode_engine(config, where) == "turns"):
+    why = (f"False, or sampling.engine='continuous' (episodes span publishes on the slot "
+           f"engine; sampling.engine={config.sampling.engine!r} plays them turn by turn in "
+           f"lockstep on {where})")
   elif config.algo.dynamic_sampling.enabled:
     why = "False, or algo.dynamic_sampling.enabled=False (a step takes the first groups to finish)"
   elif config.algo.routing_replay != "off":
@@ -332,6 +335,12 @@ def _check_partial(config) -> None:
           f"top_k={config.sampling.top_k})"
   if why:
     _fail("rollouts.partial", True, why)
+
+
+def _episode_engine(config, where: str) -> str:
+  """'turns' or 'slots': what plays this run's episodes on platform `where`."""
+  settings = sampling.settings.from_config(config.sampling, eos_ids=(), pad_id=0)
+  return sampling.engine_kind(settings, "episodes", where)
 
 
 def _times_agent_samples(config) -> str:

@@ -15,7 +15,7 @@ from jaxrl_llm.models import kv_cache
 from jaxrl_llm.sampling import choose, continuous, decode
 from jaxrl_llm.sampling import output
 from jaxrl_llm.sampling.output import SampleOutput
-from jaxrl_llm.sampling.settings import SamplingSettings
+from jaxrl_llm.sampling.settings import SamplingSettings, engine_kind
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -142,8 +142,8 @@ class Sampler:
 
   def engine(self, model: models.Model) -> str:
     """'static' or 'continuous': the engine that samples `model` (`settings.engine`, 'auto'
-    decided for where the model lives)."""
-    return self.settings.resolved_engine(platform.of(model.mesh))
+    decided for where the model lives: `engine_kind`)."""
+    return engine_kind(self.settings, "samples", platform.of(model.mesh))
 
   def num_compilations(self) -> int:
     return self._program._cache_size()

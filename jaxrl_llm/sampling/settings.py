@@ -119,22 +119,47 @@ class SamplingSettings:
       raise ValueError(f"prefill_chunk={self.prefill_chunk}: expected 0 (whole) or a positive "
                        f"multiple of page_size={self.page_size}")
 
-  def resolved_engine(self, where: str = "cpu") -> str:
-    """'static' or 'continuous': what `engine` stands for with these settings on platform
-    `where` ('cpu', 'gpu' or 'tpu': `jaxrl_llm.platform.of`)."""
-    if self.engine != "auto":
-      return self.engine
+
+# What a run asks an engine to do (`engine_kind`): sample a batch of completions, play
+# multi-turn episodes, stream either across publishes (`rollouts.partial`), or serve
+# requests that arrive at any time (agent programs' endpoint, `launch.serve`).
+WORKLOADS = ("samples", "episodes", "partial_samples", "partial_episodes", "agents", "serve")
+
+
+def engine_kind(settings: SamplingSettings, workload: str, where: str = "cpu") -> str:
+  """The engine that runs `workload` with `settings` on platform `where` ('cpu', 'gpu' or
+  'tpu': `jaxrl_llm.platform`), the one place where `engine` is decided:
+
+  - 'static': the sampler's static batch (`sampler`), 'continuous': its paged engine
+    (`continuous`), for a batch of samples; 'auto' takes the continuous one from
+    `CONTINUOUS_FROM_NEW_TOKENS` new tokens (never on a TPU);
+  - 'turns': a batch of episodes' turns decoded together (`turns`); 'slots': the slot
+    engine that admits each request (an episode's next turn, a partial rollout's sample,
+    an agent's or a client's call) as it comes (`serving`). Episodes take the slots with
+    'continuous', and with 'auto' where `EPISODES_ON_CONTINUOUS` says (not on a TPU).
+
+  Raises:
+    ValueError: a workload no engine of `settings.engine` runs (episodes streamed across
+      publishes need the slots), naming the setting and what would run it.
+  """
+  if workload not in WORKLOADS:
+    raise ValueError(f"workload={workload!r}: expected one of {list(WORKLOADS)}")
+  engine = settings.engine
+  if workload == "samples":
+    if engine != "auto":
+      return engine
     threshold = CONTINUOUS_FROM_NEW_TOKENS[where]
-    return ("continuous" if threshold is not None and self.max_new_tokens >= threshold
+    return ("continuous" if threshold is not None and settings.max_new_tokens >= threshold
             else "static")
-
-
-  def episode_engine(self, where: str = "cpu") -> str:
-    """'static' (turn-synchronous) or 'continuous' (episode-level admission): what
-    `engine` stands for when multi-turn episodes are played on platform `where`."""
-    if self.engine != "auto":
-      return self.engine
-    return "continuous" if EPISODES_ON_CONTINUOUS[where] else "static"
+  if workload in ("partial_samples", "agents", "serve"):
+    return "slots"
+  admitted = engine == "continuous" or (engine == "auto" and EPISODES_ON_CONTINUOUS[where])
+  if workload == "partial_episodes" and not admitted:
+    raise ValueError(
+        f"sampling.engine={engine!r} on {where} plays episodes turn by turn in lockstep "
+        "(sampling.turns), and episodes that span publishes (rollouts.partial) need each turn "
+        "admitted as its environment answers: expected sampling.engine='continuous'")
+  return "slots" if admitted else "turns"
 
 
 def from_config(cfg, eos_ids: tuple[int, ...], pad_id: int,

@@ -276,9 +276,7 @@ class SmallerPoolTest(parameterized.TestCase):
 
 class SettingsTest(absltest.TestCase):
 
-  def test_auto_engine_and_slots(self):
-    self.assertEqual(sampling.SamplingSettings(2, 64).resolved_engine(), "static")
-    self.assertEqual(sampling.SamplingSettings(2, 1024).resolved_engine(), "continuous")
+  def test_slots(self):  # which engine 'auto' takes: tests/sampling/engine_kind_test.py
     self.assertEqual(continuous.engine_slots(sampling.SamplingSettings(2, 16), 64), 32)
     self.assertEqual(continuous.engine_slots(sampling.SamplingSettings(2, 16, slots=100), 64), 64)
     self.assertEqual(continuous.engine_slots(sampling.SamplingSettings(2, 16, slots=12), 64, 4), 3)

@@ -19,6 +19,7 @@ from absl.testing import absltest
 
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import checkpoints, data, models, sampling, training
+from jaxrl_llm.aot import chips
 from jaxrl_llm.training import plan as plan_lib
 from jaxrl_llm.training import rollouts
 from tests.training import agent_testing
@@ -203,6 +204,20 @@ class PartialEpisodesTest(absltest.TestCase):
     cfg.sampling.engine = "static"
     with self.assertRaisesRegex(config_lib.ConfigError, r"rollouts.partial.*'continuous'"):
       config_lib.validate(cfg, data=True)
+
+  def test_auto_on_a_tpu_is_refused_before_anything_loads(self):
+    """Validation asks `sampling.engine_kind` for the mesh's platform: 'auto' plays episodes
+    in lockstep on a TPU (a slice's chips stand in for its devices here)."""
+    cfg = partial_config(self.model_dir)  # engine 'auto'
+    tpu = chips.slice_chips("v5e:2x2")
+    with self.assertRaises(config_lib.ConfigError) as refused:
+      config_lib.validate(cfg, devices=tpu)
+    self.assertEqual(str(refused.exception),
+                     "config.rollouts.partial=True: expected False, or "
+                     "sampling.engine='continuous' (episodes span publishes on the slot engine; "
+                     "sampling.engine='auto' plays them turn by turn in lockstep on tpu)")
+    cfg.sampling.engine = "continuous"
+    config_lib.validate(cfg, devices=tpu)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ neighbours or on when its environment answered.
 
 Which player plays a source's episodes: `config.sampling.engine` ('continuous', or 'auto'
 on a CPU or GPU: this one; 'static', or 'auto' on a TPU: the turn-synchronous
-`EpisodePlayer`; `SamplingSettings.episode_engine`).
+`EpisodePlayer`; `sampling.engine_kind`).
 """
 from __future__ import annotations
 

@@ -195,14 +195,14 @@ def player_for(source: Source, tokenizer, settings: sampling.SamplingSettings):
   """The player of a multi-turn source's episodes: its agent program's
   (`agents.AgentPlayer`), else its environment's: each episode admitted at its own pace
   on the serving engine (`admitted.AdmittedEpisodePlayer`), or the batch's turns in
-  lockstep (`EpisodePlayer`), as `SamplingSettings.episode_engine` says for the platform
-  of this process's first device."""
+  lockstep (`EpisodePlayer`), as `sampling.engine_kind` says for the platform of this
+  process's first device."""
   # pylint: disable=g-import-not-at-top
   if source.env.get("agent"):
     from jaxrl_llm.training.rollouts import agents
     return agents.AgentPlayer(source, tokenizer, settings)
   where = platform.device_platform(jax.local_devices()[0])
-  if settings.episode_engine(where) == "static":
+  if sampling.engine_kind(settings, "episodes", where) == "turns":
     return EpisodePlayer(source, tokenizer, settings)
   from jaxrl_llm.training.rollouts import admitted
   return admitted.AdmittedEpisodePlayer(source, tokenizer, settings)
