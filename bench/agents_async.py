@@ -99,6 +99,7 @@ def main() -> None:
   from jaxrl_llm import config as config_lib
   from jaxrl_llm.config import sources as sources_lib
   from jaxrl_llm.training.rollouts import episodes
+  from jaxrl_llm.training.rollouts.players import player_for
 
   path = assets.path("calculator_sft")
   policy = models.from_pretrained(path)
@@ -119,7 +120,7 @@ def main() -> None:
     settings = sampling.settings.from_config(config.sampling,
                                              sampling.eos_ids(tokenizer, policy.config),
                                              sampling.pad_id(tokenizer))
-    players[name] = episodes.player_for(sources_lib.run_sources(config)[0], tokenizer, settings)
+    players[name] = player_for(sources_lib.run_sources(config)[0], tokenizer, settings)
   records = tasks.load_split("calculator", "train")
   E = args.episodes
 

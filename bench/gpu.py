@@ -152,7 +152,7 @@ def bandwidth(device) -> float:
 def decode_bytes(cfg, P, G, S0, mean_len) -> dict:
   """Bytes one decode step must read: every layer's weights and the unembedding once, the
   shared prompt KV once per prompt, each row's generated KV at the call's mean length."""
-  from jaxrl_llm.training import flops
+  from jaxrl_llm.models import flops
   item = 2  # bf16
   weights = (cfg.num_layers * flops.layer_params(cfg) + cfg.hidden_size * cfg.vocab_size) * item
   per_slot = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * item  # k and v

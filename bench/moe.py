@@ -29,7 +29,7 @@ import optax  # noqa: E402
 from jaxrl_llm import models  # noqa: E402
 from jaxrl_llm.models import moe  # noqa: E402
 from jaxrl_llm.models.config import ModelConfig  # noqa: E402
-from jaxrl_llm.training import flops  # noqa: E402
+from jaxrl_llm.models import flops  # noqa: E402
 
 ROWS, LENGTH = 64, 96
 DENSE = ModelConfig(model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=768,

@@ -31,7 +31,7 @@ dispatch per admission) at their largest next to the model's compute.
 2. Episodes. The training plan's sources (`config.sources.run_sources`) of
    configs/grpo_calculator.py (the built-in `CalculatorEnv`, env_workers 1: its default) and
    configs/grpo_calculator_agent.py (`jaxrl_llm.envs.calculator_agent:run` through the
-   endpoint), each played by `episodes.player_for(source, tokenizer, settings)` (settings
+   endpoint), each played by `players.player_for(source, tokenizer, settings)` (settings
    from `config.sampling`: temperature 1, 96 new tokens a turn) with
    `local_model(from_pretrained(calculator_sft))`: `play()` of 64 episodes, 16 problems of the
    train split x G = 4 (the demo's step). The agent player serves the policy from its own
@@ -294,6 +294,7 @@ def episodes_part(args) -> dict:
   from jaxrl_llm.config import sources as sources_lib
   from jaxrl_llm.envs import episode as episode_lib
   from jaxrl_llm.training.rollouts import episodes
+  from jaxrl_llm.training.rollouts.players import player_for
   path = assets.path("calculator_sft")
   policy = models.from_pretrained(path)
   tokenizer = data.load_tokenizer(path)
@@ -316,7 +317,7 @@ def episodes_part(args) -> dict:
                                              sampling.pad_id(tokenizer))
     G = settings.num_samples
     records = tasks.load_split("calculator", "train", **source.task_options)
-    players[name] = episodes.player_for(source, tokenizer, settings)
+    players[name] = player_for(source, tokenizer, settings)
     workers[name] = source.env["env_workers"]
   variants = list(players)
   P = args.problems

@@ -27,6 +27,7 @@ from jax.sharding import SingleDeviceSharding
 
 from jaxrl_llm import models, platform, sampling
 from jaxrl_llm.models import expert_parallel
+from jaxrl_llm.models import flops as model_flops
 from jaxrl_llm.sampling import decode
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.config import sources as sources_lib
@@ -206,8 +207,8 @@ def _step_flops(config, plan: Plan, setup: Setup) -> dict[str, float]:
       recompute_old_logp=plan.old_logp == "recompute",
       teacher_config=None if m.teacher is None else m.teacher.config)
   T, passes = S0 + N, 3 * plan.algo.num_iterations  # forward + backward, per pass
-  work["policy_update"] = passes * flops.forward_flops(m.policy.config, P * G * T, (T + 1) / 2,
-                                                       unembedded=P * G * N)
+  work["policy_update"] = passes * model_flops.forward_flops(
+      m.policy.config, P * G * T, (T + 1) / 2, unembedded=P * G * N)
   work["value_update"] = work["update"] - work["policy_update"]
   return work
 
@@ -270,7 +271,7 @@ def _turn_program(config, plan: Plan, setup: Setup, step_flops: dict) -> StepPro
   (the opening prompt) into the largest cache the episodes may grow to."""
   m, layout = setup.models, setup.layout
   src = next(s for s in plan.sources if s.multi_turn)
-  settings = episodes.turn_settings(_settings(config, m.policy.config), 0)
+  settings = sampling.turn_settings(_settings(config, m.policy.config), 0)
   T, N = src.env["max_episode_tokens"], settings.max_new_tokens
   device = m.mesh.devices.flat[0]
   hosts = len({d.process_index for d in m.mesh.devices.flat})

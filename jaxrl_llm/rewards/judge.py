@@ -22,9 +22,10 @@ the run's logical rules), in the compute dtype, `batch_size` texts per program a
 bucketed to powers of two: each process scores its own rows without waiting for another,
 so the asynchronous pipeline's order of programs that span processes is not involved.
 
-The run loads it once per process (`load`, at set-up); `judge` is the reward function the
-sources name (`JUDGE_FUNCTION`, added by `config.sources`). `flops()` counts its model
-FLOPs so far (`training.flops` adds them to a step's).
+The run loads it once per process (`load`, at set-up, given the judge checkpoint's
+architecture with the run's numerics); `judge` is the reward function the sources name
+(`JUDGE_FUNCTION`, added by `config.sources`). `flops()` counts its model FLOPs so far
+(`models.flops`; training adds them to a step's).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import numpy as np
 
 from jaxrl_llm import import_path, models, sampling
 from jaxrl_llm import sharding as sh
+from jaxrl_llm.models import flops as flops_lib
 from jaxrl_llm.models import load as load_lib
 
 MIN_BUCKET = 16
@@ -51,11 +53,13 @@ def judge(prompts, completions, **fields) -> np.ndarray:
   return _LOADED[0](list(prompts), list(completions), fields)
 
 
-def load(config) -> "Judge":
-  """Loads `config.judge` (once per process and path) and makes it the one `judge` uses."""
+def load(config, model_config: models.ModelConfig) -> "Judge":
+  """Loads `config.judge` (once per process and path) and makes it the one `judge` uses.
+  `model_config`: the judge checkpoint's architecture in the run's numerics (training's
+  `setup.model_config(config.model, config.judge.path)`)."""
   if _LOADED and _LOADED[0].key == _key(config):
     return _LOADED[0]
-  _LOADED[:] = [Judge(config)]
+  _LOADED[:] = [Judge(config, model_config)]
   return _LOADED[0]
 
 
@@ -72,13 +76,12 @@ def _key(config) -> tuple:
 class Judge:
   """`config.judge`'s model, tokenizer and settings (module docstring)."""
 
-  def __init__(self, config):
+  def __init__(self, config, model_config: models.ModelConfig):
     from jaxrl_llm import data  # pylint: disable=g-import-not-at-top
-    from jaxrl_llm.training import setup as setup_lib  # pylint: disable=g-import-not-at-top
     cfg = self.cfg = config.judge
     self.key = _key(config)
     self.tokenizer = data.load_tokenizer(cfg.path)
-    mcfg = setup_lib.model_config(config.model, cfg.path)
+    mcfg = model_config
     if cfg.kind == "classifier":
       mcfg = mcfg.replace(head="value")
     mesh = sh.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, jax.local_devices())
@@ -145,7 +148,7 @@ class Judge:
         ids[i, width - len(t):], mask[i, width - len(t):] = t, 1
       values = self._values(self.model, jnp.asarray(ids), jnp.asarray(mask))
       out.append(np.asarray(values[:len(chunk), -1], np.float32))
-      self.flops += _forward_flops(self.model.config, float(mask.sum()),
+      self.flops += flops_lib.forward_flops(self.model.config, float(mask.sum()),
                                    float(mask[:len(chunk)].sum(axis=1).mean()) / 2, 0.0)
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
@@ -161,14 +164,9 @@ class Judge:
                    for i in range(n)]
       made = float(np.sum(out.lengths))
       prompt_tokens = float(sum(len(a) for a in chunk))
-      self.flops += _forward_flops(self.model.config, prompt_tokens + made,
+      self.flops += flops_lib.forward_flops(self.model.config, prompt_tokens + made,
                                    (prompt_tokens + made) / len(chunk) / 2, made)
     return verdicts
-
-
-def _forward_flops(model_config, tokens: float, context: float, unembedded: float) -> float:
-  from jaxrl_llm.training import flops as flops_lib  # pylint: disable=g-import-not-at-top
-  return flops_lib.forward_flops(model_config, tokens, context, unembedded)
 
 
 def verdict_parser(spec: str):

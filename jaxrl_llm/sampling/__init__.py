@@ -49,12 +49,12 @@ from jaxrl_llm.sampling.sampler import (DEFAULT_BUCKETS, GENERATE_CACHE_SIZE, Sa
                                         left_pad)
 from jaxrl_llm.sampling.settings import (CONTINUOUS_FROM_NEW_TOKENS, ENGINES, LAYER_LOOPS,
                                          WEIGHT_LAYOUTS, WORKLOADS, SamplingSettings,
-                                         engine_kind, eos_ids, pad_id)
+                                         engine_kind, eos_ids, pad_id, turn_settings)
 from jaxrl_llm.sampling.turns import TurnOutput, TurnSampler
 
 __all__ = ["CONTINUOUS_FROM_NEW_TOKENS", "DECODE_TUNING", "DEFAULT_BUCKETS", "DecodeTuning",
            "ENGINES", "GENERATE_CACHE_SIZE", "LAYER_LOOPS", "SampleOutput", "Sampler",
            "SamplingSettings", "TurnOutput", "TurnSampler", "WEIGHT_LAYOUTS", "WORKLOADS", "bucket_length", "choose_tokens", "continuous",
            "decode_weight_shardings", "engine_kind", "eos_ids", "free_generate_cache", "generate", "gumbel_noise",
-           "left_pad", "numbered_keys", "pad_id", "page_pool", "request_keys", "token_keys",
+           "left_pad", "numbered_keys", "pad_id", "page_pool", "request_keys", "token_keys", "turn_settings",
            "unrolls_layers"]

@@ -175,6 +175,12 @@ def from_config(cfg, eos_ids: tuple[int, ...], pad_id: int,
                           cfg.top_p, eos_ids, pad_id, **engine)
 
 
+def turn_settings(settings: SamplingSettings, end_of_turn: int) -> SamplingSettings:
+  """`settings` whose stop tokens include a chat template's end-of-turn token (one model
+  turn of an episode)."""
+  return dataclasses.replace(settings, eos_ids=tuple(sorted({end_of_turn, *settings.eos_ids})))
+
+
 def eos_ids(tokenizer, model_config) -> tuple[int, ...]:
   """Stop ids: the tokenizer's EOS and the model config's eos_token_id(s)."""
   ids = set()

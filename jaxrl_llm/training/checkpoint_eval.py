@@ -27,8 +27,8 @@ from jaxrl_llm import data, distributed, paths, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.config.errors import ConfigError
-from jaxrl_llm.rewards import judge
 from jaxrl_llm.training import answers, evaluation, pass_at_k, saved_policy
+from jaxrl_llm.training import setup as setup_lib
 from jaxrl_llm.training.rollouts import episodes
 from jaxrl_llm.training.sampled_eval import SampledEval
 
@@ -73,7 +73,7 @@ def evaluate(config, model: str, samples: int | None = None, split: str = "eval"
   mesh, rules = sh.split_meshes(config.mesh)[0], sh.freeze_rules(config.mesh.rules)
   tokenizer, policy = saved_policy.load_policy(config, spec, step, mesh, rules)
   if config.judge.path:  # a reward function of the sources
-    judge.load(config)
+    setup_lib.load_judge(config)
   rows = []
   for source, dataset in zip(sources_lib.run_sources(config), datasets):
     rows += _source_rows(config, tokenizer, policy, source, dataset, K)

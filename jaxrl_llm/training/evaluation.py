@@ -19,12 +19,12 @@ import numpy as np
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import data, distributed, sampling
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.rewards import RewardSet, Rewards, judge
+from jaxrl_llm.rewards import RewardSet, Rewards
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.config import reward_checks
 from jaxrl_llm.config.sources import Source
 from jaxrl_llm.training import pass_at_k, rollouts
-from jaxrl_llm.training.rollouts import episodes
+from jaxrl_llm.training.rollouts import episodes, players
 from jaxrl_llm.training import setup as setup_lib
 from jaxrl_llm.training.sampled_eval import SampledEval
 
@@ -54,7 +54,7 @@ class Evaluator:
     self.dataset_key = (source.data, source.task_options,
                         tuple(source.rewards.to_dict().items()))
     self.sampler = sampling.Sampler(settings, prompt_format.buckets)
-    self.player = (episodes.player_for(source, tokenizer, settings)
+    self.player = (players.player_for(source, tokenizer, settings)
                    if source.multi_turn else None)
     self.sampled, self.pass_ks = sampled, tuple(pass_ks)
 
@@ -184,7 +184,7 @@ def greedy_samples(config, count: int, model_path: str = "", source: str = "") -
   mesh, rules = sh.split_meshes(config.mesh)[0], sh.freeze_rules(config.mesh.rules)
   tokenizer, policy = setup_lib.load_tokenizer_and_policy(config, mesh, rules)
   if config.judge.path:  # a reward function of the sources
-    judge.load(config)
+    setup_lib.load_judge(config)
   run_sources = sources_lib.run_sources(config)
   names = [s.name for s in run_sources]
   if len(config.sources) and source and source not in names:

@@ -23,7 +23,7 @@ from jaxrl_llm.config import reward_checks
 from jaxrl_llm.config.sources import Source
 from jaxrl_llm.rewards import Rewards
 from jaxrl_llm.training import pass_at_k, rollouts
-from jaxrl_llm.training.rollouts import episodes
+from jaxrl_llm.training.rollouts import episodes, players
 
 
 @dataclasses.dataclass
@@ -67,7 +67,7 @@ class SampledEval:
     self.format, self.tokenizer = prompt_format, tokenizer
     self.settings = dataclasses.replace(settings, num_samples=num_samples)
     self.reward_set = reward_checks.reward_set(source)
-    self.player = (episodes.player_for(source, tokenizer, self.settings)
+    self.player = (players.player_for(source, tokenizer, self.settings)
                    if source.multi_turn else None)
     self.sampler = None if self.player else sampling.Sampler(self.settings, prompt_format.buckets)
 

@@ -39,6 +39,12 @@ def model_config(model_cfg, path: str | None = None) -> ModelConfig:
                      router_z_loss_coef=model_cfg.router_z_loss_coef, moe_impl=model_cfg.moe_impl)
 
 
+def load_judge(config) -> judge_lib.Judge:
+  """`config.judge`'s model (its checkpoint's architecture in the policy's numerics), loaded
+  once per process as the reward function the sources name (`rewards.judge`)."""
+  return judge_lib.load(config, model_config(config.model, config.judge.path))
+
+
 def policy_config(config) -> ModelConfig:
   """The policy's architecture (`model_config`) with `config.lora`'s adapters and base."""
   cfg, l = model_config(config.model), config.lora
@@ -228,7 +234,7 @@ def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
         models.Model(load.load_params(config.teacher.path, teacher_cfg), teacher_cfg), mesh,
         rules))
   if config.judge.path and not abstract:  # a reward function's model: on this process's devices
-    judge_lib.load(config)
+    load_judge(config)
   trained = Models(mesh, rules, policy, reference, value, rollout_policy, teacher, base,
                    rollout_base)
   # One schedule: the optimizer follows it and the `lr` metric reads it.

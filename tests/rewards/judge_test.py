@@ -19,6 +19,7 @@ from jaxrl_llm.config import ConfigError, schema, validate
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.data import char_tokenizer
 from jaxrl_llm.rewards import judge as judge_lib
+from jaxrl_llm.training import setup as setup_lib
 from tests import cli_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -78,7 +79,7 @@ class JudgeTest(absltest.TestCase):
     cls.seven = seven_dir(os.path.join(cls.tmp, "seven"))
 
   def test_classifier_scores_equal_transformers(self):
-    judge = judge_lib.load(judge_config(self.classifier, "classifier"))
+    judge = setup_lib.load_judge(judge_config(self.classifier, "classifier"))
     prompts, completions = [p for p, _ in TEXTS] * 2, [c for _, c in TEXTS] * 2  # 2 programs
     got = judge_lib.judge(prompts, completions, answer=[""] * len(prompts))
     model = transformers.AutoModelForSequenceClassification.from_pretrained(self.classifier).eval()
@@ -94,7 +95,7 @@ class JudgeTest(absltest.TestCase):
     config = judge_config(self.seven, "generative")
     config.judge.template = "Q: {prompt} A: {completion} ({answer}) Score:"
     config.judge.parser, config.judge.max_new_tokens = r"(\d)", 4
-    judge = judge_lib.load(config)
+    judge = setup_lib.load_judge(config)
     prompts, completions = [p for p, _ in TEXTS], [c for _, c in TEXTS]
     asks = [judge.question(p, c, {"answer": "a"}) for p, c in zip(prompts, completions)]
     self.assertEqual(judge.tokenizer.decode(asks[0]), "Q: What is 2+3?  A: 5 (a) Score:")
@@ -107,7 +108,7 @@ class JudgeTest(absltest.TestCase):
     scores = judge_lib.judge(prompts, completions, answer=["a"] * 4)
     np.testing.assert_array_equal(scores, [7.0] * 4)
     config.judge.parser, config.judge.unparsed = r"Score: (\d+)", -1.0  # never in "7777"
-    np.testing.assert_array_equal(judge_lib.load(config)(prompts, completions, {"answer": ["a"] * 4}),
+    np.testing.assert_array_equal(setup_lib.load_judge(config)(prompts, completions, {"answer": ["a"] * 4}),
                                   [-1.0] * 4)
 
   def test_bad_judges_are_refused_before_loading(self):

@@ -15,7 +15,7 @@ from absl.testing import absltest
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import data, models, sampling
 from jaxrl_llm.config import sources as sources_lib
-from jaxrl_llm.training.rollouts import admitted, episodes
+from jaxrl_llm.training.rollouts import admitted, episodes, players
 from tests.training import agent_testing
 from tests.training.agents_test import log_softmax_of
 from tests.training.episodes_test import agent_config
@@ -37,7 +37,7 @@ def player_of(model_dir: str, engine: str, **sampling_fields):
   settings = sampling.settings.from_config(
       cfg.sampling, sampling.eos_ids(tokenizer, model.config), sampling.pad_id(tokenizer))
   source = sources_lib.run_sources(cfg)[0]
-  return episodes.player_for(source, tokenizer, settings), episodes.local_model(model)
+  return players.player_for(source, tokenizer, settings), episodes.local_model(model)
 
 
 def events_of(player):

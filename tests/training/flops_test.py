@@ -4,6 +4,7 @@ import pytest
 from absl.testing import absltest, parameterized
 
 from configs import gspo, grpo, ppo, sft
+from jaxrl_llm.models import flops as model_flops
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.training import flops
 
@@ -40,8 +41,8 @@ class StepFlopsTest(parameterized.TestCase):
     #   layer 1 (MoE): 48 + router D*E = 20 + k experts 2 * 3*D*3 = 72: 140 (not 48 + 20 + 180)
     moe = MODEL.replace(model_type="qwen3_moe", qk_norm=True, num_experts=5,
                         num_experts_per_tok=2, moe_intermediate_size=3, moe_layers=(1,))
-    self.assertEqual(flops.active_layer_params(moe), 120 + 140)
-    self.assertEqual(flops.forward_flops(moe, 1, 0) - flops.forward_flops(MODEL, 1, 0),
+    self.assertEqual(model_flops.active_layer_params(moe), 120 + 140)
+    self.assertEqual(model_flops.forward_flops(moe, 1, 0) - model_flops.forward_flops(MODEL, 1, 0),
                      2 * (140 - 120))
 
   def test_grpo_with_a_reference(self):

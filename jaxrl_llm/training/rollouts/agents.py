@@ -44,7 +44,6 @@ import numpy as np
 from jaxrl_llm import envs, import_path, models, sampling, serving
 from jaxrl_llm.config.sources import Source
 from jaxrl_llm.envs import episode as episode_lib
-from jaxrl_llm.training.rollouts.episodes import turn_settings
 
 MODEL_NAME = "policy"  # what the episode scope serves (any `model` an agent names is accepted)
 
@@ -156,7 +155,7 @@ class AgentPlayer:
     self.run = load_agent(source.env["agent"], f"{source.field}.agent")
     self.renderer = envs.ChatRenderer(tokenizer)
     self.end_of_turn, self.eos = self.renderer.end_of_turn_id, tokenizer.eos_token_id
-    self.settings = dataclasses.replace(turn_settings(settings, self.end_of_turn),
+    self.settings = dataclasses.replace(sampling.turn_settings(settings, self.end_of_turn),
                                         num_samples=1)
     self.width = source.env["max_episode_tokens"]
     Q = settings.page_size

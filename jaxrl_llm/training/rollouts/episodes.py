@@ -36,7 +36,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from jaxrl_llm import envs, models, platform, sampling
+from jaxrl_llm import envs, models, sampling
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.config.sources import Source
 from jaxrl_llm.envs import episode as episode_lib
@@ -58,11 +58,6 @@ def local_model(policy: models.Model) -> models.Model:
                       policy.config)
 
 
-def turn_settings(settings: sampling.SamplingSettings, end_of_turn: int) -> sampling.SamplingSettings:
-  """`settings` whose stop tokens include the template's end-of-turn token."""
-  return dataclasses.replace(settings, eos_ids=tuple(sorted({end_of_turn, *settings.eos_ids})))
-
-
 class EpisodePlayer:
   """Plays batches of one source's episodes; owns its environments and turn sampler.
 
@@ -77,7 +72,7 @@ class EpisodePlayer:
     self.envs = [envs.environment_for(self.fields) for _ in range(self.fields["env_workers"])]
     self.renderer = envs.renderer_for(tokenizer, self.envs[0])
     self.end_of_turn, self.eos = self.renderer.end_of_turn_id, tokenizer.eos_token_id
-    self.settings = turn_settings(settings, self.end_of_turn)
+    self.settings = sampling.turn_settings(settings, self.end_of_turn)
     T, N = self.fields["max_episode_tokens"], settings.max_new_tokens
     # Each decode step reads every cache column: start with what most episodes need and
     # grow (rarely) up to what the longest could.
@@ -189,23 +184,6 @@ class EpisodePlayer:
     self.pool.shutdown(wait=True)
     for env in self.envs:
       envs.loading.close(env)
-
-
-def player_for(source: Source, tokenizer, settings: sampling.SamplingSettings):
-  """The player of a multi-turn source's episodes: its agent program's
-  (`agents.AgentPlayer`), else its environment's: each episode admitted at its own pace
-  on the serving engine (`admitted.AdmittedEpisodePlayer`), or the batch's turns in
-  lockstep (`EpisodePlayer`), as `sampling.engine_kind` says for the platform of this
-  process's first device."""
-  # pylint: disable=g-import-not-at-top
-  if source.env.get("agent"):
-    from jaxrl_llm.training.rollouts import agents
-    return agents.AgentPlayer(source, tokenizer, settings)
-  where = platform.device_platform(jax.local_devices()[0])
-  if sampling.engine_kind(settings, "episodes", where) == "turns":
-    return EpisodePlayer(source, tokenizer, settings)
-  from jaxrl_llm.training.rollouts import admitted
-  return admitted.AdmittedEpisodePlayer(source, tokenizer, settings)
 
 
 def last_turn_text(tokenizer, ep: episode_lib.Episode) -> str:

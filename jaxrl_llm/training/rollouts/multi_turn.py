@@ -12,11 +12,12 @@ from jaxrl_llm.config.sources import Source
 from jaxrl_llm.envs import episode as episode_lib
 from jaxrl_llm.training.plan import Plan
 from jaxrl_llm.training.rollouts import summary
+from jaxrl_llm.training.rollouts.players import player_for
 from jaxrl_llm.training.rollouts.contract import (EpisodeParts, EpisodeStats, Mixed,
                                                   RewardStats, Rollout, RolloutStats)
-from jaxrl_llm.training.rollouts.episodes import (MODEL, episode_arrays, player_for,
-                                                  episode_fields, env_rewards, last_turn_text,
-                                                  local_model, opening_length)
+from jaxrl_llm.training.rollouts.episodes import (MODEL, episode_arrays, episode_fields,
+                                                  env_rewards, last_turn_text, local_model,
+                                                  opening_length)
 from jaxrl_llm.training.rollouts.scoring import RowScorer
 
 
