@@ -27,14 +27,11 @@ WORKDIR/error.log, and on screen with --verbose).
 import sys
 import traceback
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags
 
 from jaxrl_llm import command_line
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A preset name (grpo, ppo:runlocal) or a config file (path[:arg]).",
-    lock_config=True)
+_CONFIG = command_line.config_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and exports.")
 _JOIN = command_line.process_flags()  # --coordinator_address, --num_processes, ...
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Check the config, the model directory and the "
@@ -50,23 +47,16 @@ _RESUME_WITH_CHANGES = flags.DEFINE_bool(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def main():
   # pylint: disable=g-import-not-at-top  (after flag parsing)
-  from jaxrl_llm import config as config_lib
   from jaxrl_llm import training
   from jaxrl_llm.training import guards
-  logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-  _JOIN()
   try:
     if _DRY_RUN.value:
       _dry_run(_CONFIG.value)
       return
     training.train(_CONFIG.value, _WORKDIR.value, print_config=True,
                    resume_with_changes=_RESUME_WITH_CHANGES.value)
-  except config_lib.ConfigError as e:  # raised before anything loads: a usage error
-    command_line.usage_error("; ".join(str(e).splitlines()), flags_help=False)
   except guards.Preempted as e:
     print(e, file=sys.stderr)
     sys.exit(guards.PREEMPTED_EXIT_CODE)
@@ -74,12 +64,15 @@ def main(argv):
     why = str(e) or "no checkpoint written"  # a plain KeyboardInterrupt's str() is ""
     print(f"aborted (Ctrl-C): {why}; the steps since the last one are lost", file=sys.stderr)
     sys.exit(130)
-  except Exception as e:  # noqa: BLE001 -- the run's own failure, once training started
-    log = _write_error_log(_WORKDIR.value)
-    if _VERBOSE.value:
-      traceback.print_exc()
-    print(f"the run failed: {_causes(e)} (traceback in {log})", file=sys.stderr)
-    sys.exit(1)
+
+
+def _failed(error: Exception) -> str:
+  """The run's own failure, once training started: its traceback in WORKDIR/error.log (and
+  on screen with --verbose), and one line naming the cause last."""
+  log = _write_error_log(_WORKDIR.value)
+  if _VERBOSE.value:
+    traceback.print_exc()
+  return f"the run failed: {_causes(error)} (traceback in {log})"
 
 
 def _dry_run(config) -> None:
@@ -135,7 +128,7 @@ def _write_error_log(workdir: str) -> str:
 
 
 def run():
-  command_line.run(main, _CONFIG)
+  command_line.run(main, _CONFIG, join=_JOIN, failed=_failed)
 
 
 if __name__ == "__main__":

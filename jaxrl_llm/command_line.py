@@ -1,14 +1,38 @@
-"""A command's `--config` flag: preset names, `--config.x.y=v` overrides, and one clear line
-with exit status 2 for anything wrong with them (absl's own parsing, a misspelt override,
-a config file that fails to load). Shared by `jaxrl-llm-train` (`jaxrl_llm.cli`),
-`jaxrl-llm-evaluate` (`jaxrl_llm.eval_cli`) and `jaxrl-llm-compile` (`jaxrl_llm.aot.cli`);
-the first two also join several processes (`process_flags`).
+"""Every command's skeleton (`run`): absl's start, `--config` (a preset name or a config
+file, `--config.x.y=v` overrides), help on stdout with exit status 0, one clear line with
+exit status 2 for a bad flag, config file or config value, and the command's own one line
+with exit status 1 for any other failure. The commands:
+
+  jaxrl-llm-train     jaxrl_llm.cli         python -m launch.train
+  jaxrl-llm-evaluate  jaxrl_llm.eval_cli    python -m launch.evaluate
+  jaxrl-llm-compile   jaxrl_llm.aot.cli     python -m launch.compile
+  jaxrl-llm-serve     jaxrl_llm.serve_cli   python -m launch.serve
+  jaxrl-llm-demo      jaxrl_llm.demo_cli    python -m launch.demo
+
+Each defines its flags (`config_flag`; train and evaluate also `process_flags`, to join
+several processes) and a `main()` that reads them, and runs with `run(main, config, ...)`.
 """
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
-from absl import app, flags
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+# The flags defined here (`config_flag`, `process_flags`) belong to the command that asks
+# for them: its --help lists them with its own.
+flags.disclaim_key_flags()
+
+PRESET_OR_FILE = "A preset name (grpo, ppo:runlocal) or a config file (path[:arg])."
+HELP_FLAGS = frozenset({"-h", "--help", "--helpshort", "--helpfull"})
+
+
+def config_flag(help_text: str = PRESET_OR_FILE, default: str | None = None):
+  """Defines `--config`: a preset name (`grpo`, `ppo:runlocal`; `presets.names()`) or a
+  config file (`path/to/file.py[:arg]`), locked, so that a misspelt `--config.x.y=v`
+  override is refused; `run` resolves the name and loads it with the flags."""
+  return config_flags.DEFINE_config_file("config", default, help_text, lock_config=True)
 
 
 def process_flags():
@@ -60,9 +84,9 @@ def with_preset_paths(argv: list[str]) -> list[str]:
   return out
 
 
-def parse_flags(argv: list[str], config_flag) -> list[str]:
-  """absl's flag parsing of `argv` with `config_flag` (a `config_flags` config-file flag),
-  with one clear line and exit status 2 for bad flags.
+def parse_flags(argv: list[str], config) -> list[str]:
+  """absl's flag parsing of `argv` with `config` (`config_flag`'s flag: loaded here, unless
+  it has no value), with one clear line and exit status 2 for bad flags.
 
   Covers what absl's own parser reports (a bad value, a missing flag, an error raised by
   the config file's `get_config`, such as a bad argument after its colon), a misspelt
@@ -76,7 +100,8 @@ def parse_flags(argv: list[str], config_flag) -> list[str]:
     usage_error(f"--{twice[0]} is given more than once: expected each override once")
   try:
     args = flags.FLAGS(argv)
-    config_flag.value.keys()  # a config file that failed to load raises its error here
+    if config.value is not None:  # an optional --config (launch.serve's) may be left out
+      config.value.keys()  # a config file that failed to load raises its error here
     return args
   except (flags.Error, OSError) as e:
     usage_error(str(e))
@@ -89,9 +114,45 @@ def parse_flags(argv: list[str], config_flag) -> list[str]:
     usage_error(f"a --config override: {e}")
 
 
-def run(main, config_flag) -> None:
-  """absl's `app.run(main)` with `parse_flags`; asking for help is a success (exit 0,
-  the flags on stdout)."""
-  if {"-h", "--help", "--helpshort", "--helpfull"} & set(sys.argv[1:]):
-    app.usage(shorthelp="--helpfull" not in sys.argv, writeto_stdout=True, exitcode=0)
-  app.run(main, flags_parser=lambda argv: parse_flags(argv, config_flag))
+def run(main: Callable[[], None], config, *, join: Callable[[], bool] | None = None,
+        failed: Callable[[Exception], str] | None = None) -> None:
+  """Runs a command: absl's `app.run` with `parse_flags` (`config` is `config_flag`'s flag),
+  then `main()`. Asking for help is a success (exit 0: the command's docstring and flags on
+  stdout); an argument that is not a flag is absl's usage error (exit 1); absl logs at
+  WARNING (orbax logs every file it reads or writes at INFO); `join` (`process_flags`')
+  joins the processes of a run before `main`. A `config.ConfigError` out of `main` (raised
+  before anything loads) is a usage error: its one line, exit 2. Any other exception is
+  `failed(error)`'s one line on stderr and exit status 1 (without `failed`: the traceback).
+  """
+  if HELP_FLAGS & set(sys.argv[1:]):
+    print_help(main, full="--helpfull" in sys.argv)
+    sys.exit(0)
+
+  def main_after_flags(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from jaxrl_llm import config as config_lib  # pylint: disable=g-import-not-at-top
+    logging.set_verbosity(logging.WARNING)
+    if join is not None:
+      join()
+    try:
+      main()
+    except config_lib.ConfigError as e:
+      usage_error("; ".join(str(e).splitlines()), flags_help=False)
+    except Exception as e:  # noqa: BLE001 -- the command's own failure, in one line
+      if failed is None:
+        raise
+      print(failed(e), file=sys.stderr)
+      sys.exit(1)
+
+  app.run(main_after_flags, flags_parser=lambda argv: parse_flags(argv, config))
+
+
+def print_help(main: Callable[[], None], full: bool = False) -> None:
+  """The docstring of `main`'s module and its flags (`full`: every flag, absl's and JAX's
+  too) on stdout."""
+  module = sys.modules[main.__module__]
+  key = sys.argv[0] if main.__module__ == "__main__" else main.__module__  # absl's key
+  doc = module.__doc__ or f"USAGE: {sys.argv[0]} [flags]\n"
+  help_text = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(key)
+  print(f"{doc}\nflags:\n{help_text}" if help_text else doc)

@@ -17,17 +17,13 @@ Exit status: 0 when the evaluation finished; 2 for a bad flag, config value, mod
 directory, checkpoint step, split or output directory (one line on stderr, before the
 model loads); 1 on any other error (one line; the traceback with --verbose).
 """
-import sys
 import traceback
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags
 
 from jaxrl_llm import command_line
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A preset name (grpo, ppo:runlocal) or a config file (path[:arg]).",
-    lock_config=True)
+_CONFIG = command_line.config_flag()
 _MODEL = flags.DEFINE_string("model", None, "A Hugging Face directory, or a training workdir "
                              "WORKDIR[:STEP] (default: its latest checkpoint).")
 _SAMPLES = flags.DEFINE_integer("samples", None, "K samples per record (default: "
@@ -40,29 +36,22 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "On an error, also print its trac
 flags.mark_flags_as_required(["config", "model"])
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  # pylint: disable=g-import-not-at-top  (after flag parsing)
-  from jaxrl_llm import config as config_lib
-  from jaxrl_llm.training import checkpoint_eval
-  logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
-  _JOIN()
-  try:
-    checkpoint_eval.evaluate(_CONFIG.value, _MODEL.value, _SAMPLES.value, _SPLIT.value,
-                             _OUTPUT.value)
-  except config_lib.ConfigError as e:  # raised before the model loads: a usage error
-    command_line.usage_error("; ".join(str(e).splitlines()), flags_help=False)
-  except Exception as e:  # noqa: BLE001 -- the evaluation's own failure
-    if _VERBOSE.value:
-      traceback.print_exc()
-    print(f"the evaluation failed: {type(e).__name__}: {' '.join(str(e).split())} "
-          "(--verbose prints the traceback)", file=sys.stderr)
-    sys.exit(1)
+def main():
+  from jaxrl_llm.training import checkpoint_eval  # pylint: disable=g-import-not-at-top
+  checkpoint_eval.evaluate(_CONFIG.value, _MODEL.value, _SAMPLES.value, _SPLIT.value,
+                           _OUTPUT.value)
+
+
+def _failed(error: Exception) -> str:
+  """The evaluation's own failure: one line (and its traceback with --verbose)."""
+  if _VERBOSE.value:
+    traceback.print_exc()
+  return (f"the evaluation failed: {type(error).__name__}: {' '.join(str(error).split())} "
+          "(--verbose prints the traceback)")
 
 
 def run():
-  command_line.run(main, _CONFIG)
+  command_line.run(main, _CONFIG, join=_JOIN, failed=_failed)
 
 
 if __name__ == "__main__":

@@ -27,14 +27,12 @@ import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only: never claim a local TPU
 
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 from jaxrl_llm import command_line  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A preset name (qwen3_gsm8k:tpu_v5e_8) or a config file (path[:arg]).",
-    lock_config=True)
+_CONFIG = command_line.config_flag(
+    "A preset name (qwen3_gsm8k:tpu_v5e_8) or a config file (path[:arg]).")
 _TOPOLOGY = flags.DEFINE_string("topology", "", "The TPU slice, GENERATION:SHAPE (v5e:2x4, "
                                 "v5p:2x2x4, v6e:4x4); default: the config's mesh.topology.")
 _NUM_SLICES = flags.DEFINE_integer("num_slices", 0, "Slices joined over the data-center network "
@@ -50,9 +48,7 @@ GIB = 2 ** 30
 EXIT_DOES_NOT_FIT = 3
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def main():
   # pylint: disable=g-import-not-at-top  (after flag parsing)
   from jaxrl_llm import config as config_lib
   from jaxrl_llm import training
@@ -69,8 +65,8 @@ def main(argv):
     config_lib.validate(config, devices)
     plan = training.make_plan(config)
     setup = training.set_up(config, plan, devices, abstract=True)
-  except (chips.TopologyError, config_lib.ConfigError) as e:
-    command_line.usage_error(" ".join(str(e).split()), flags_help=False)
+  except chips.TopologyError as e:  # a bad --topology, or a mesh it cannot hold: a usage error
+    raise config_lib.ConfigError(" ".join(str(e).split())) from e
   name = topology + (f" x {slices} slices" if slices > 1 else "")
   if _SEARCH.value:
     candidates = search.search(config, devices, name, _MARGIN.value)

@@ -1,7 +1,8 @@
 """The HTTP endpoint through the real `openai` client: answers are the model's own (log-probs
 of its forward pass, greedy tokens of transformers' generate), reproducible and independent
 of concurrent requests; tool calls come back as OpenAI's `tool_calls`; every bad request gets
-its error and the server goes on answering; `launch.serve` runs it from the command line."""
+its error and the server goes on answering; `launch.serve` runs it from the command line
+(`--config` a preset name, as for training)."""
 import asyncio
 import json
 import os
@@ -21,6 +22,7 @@ from absl.testing import absltest
 
 import jaxrl_llm
 from jaxrl_llm import data, serving
+from jaxrl_llm.config import presets
 from jaxrl_llm.envs.calculator_agent import CALC
 from tests import hf_testing
 
@@ -477,6 +479,17 @@ class LaunchServeTest(absltest.TestCase):
     lines = err.strip().splitlines()
     self.assertLen(lines, 1, err)
     self.assertRegex(lines[0], r"^launch\.serve: --host='0\.0\.0\.0' .*--api_key")
+
+  def test_config_takes_a_preset_name(self):
+    """`--config=grpo` is the preset, as for launch.train: its file is loaded with the flags,
+    before the model loads (here it refuses an argument it does not take: one line, exit 2)."""
+    process = self.serve("--config=grpo:nonsense")
+    out, err = process.communicate(timeout=120)
+    self.assertEqual(process.returncode, 2, err)
+    self.assertEqual(out, "")
+    self.assertIn(f"--config={presets.path('grpo')}:nonsense: ", err)
+    self.assertRegex(err, r"Unknown config argument 'nonsense'; valid: \[.*'runlocal'")
+    self.assertNotIn("Traceback", err)
 
   def test_serves_on_a_free_port(self):
     process = self.serve("--port=0", "--slots=2", f"--context={CONTEXT}", "--page_size=8")
