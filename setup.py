@@ -43,7 +43,7 @@ setuptools.setup(
         "absl-py",
         "tqdm",
         "tensorboardX",
-        # The OpenAI-compatible endpoint (jaxrl_llm.serving, launch.serve) and the agent
+        # The OpenAI-compatible endpoint (jaxrl_llm.serving, jaxrl-llm-serve) and the agent
         # programs that train through it (their client).
         "fastapi",
         "uvicorn",
@@ -55,7 +55,9 @@ setuptools.setup(
     ],
     entry_points={"console_scripts": ["jaxrl-llm-train=jaxrl_llm.cli:run",
                                       "jaxrl-llm-evaluate=jaxrl_llm.eval_cli:run",
-                                      "jaxrl-llm-compile=jaxrl_llm.aot.cli:run"]},
+                                      "jaxrl-llm-compile=jaxrl_llm.aot.cli:run",
+                                      "jaxrl-llm-serve=jaxrl_llm.serve_cli:run",
+                                      "jaxrl-llm-demo=jaxrl_llm.demo_cli:run"]},
     extras_require={
         # torch is pinned: 2.13.0 is a CPU wheel on our CI machines; parity tests only.
         # pytest-xdist: `make test` runs the suite in two worker processes (one per core).

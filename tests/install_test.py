@@ -2,14 +2,15 @@
 
 A plain (non-editable) install of the wheel, built once, used from outside the
 repository, as a notebook or a pod installs it: only `jaxrl_llm` lands in site-packages
-(its presets inside it), the console script trains a preset by name, and the agent demo
-plays. Its one fresh virtual environment is `make demo`'s: the wheel's own requirements
-(install_requires and the demo extra), resolved through the test environment's installed
-distributions, are linked into a folder of their own, and only that folder is on the fresh
-environment's path (through a path file, which runs none of the test environment's own
-path files, so the repository's editable install stays out), so a requirement missing from
-setup.py (one the test extras bring, as torch brings jinja2) is missing there too. The
-tests need no network, except the dry run of `make demo`'s pip install.
+(its presets inside it), its console scripts are installed, `jaxrl-llm-train` trains a
+preset by name, and the agent demo plays (`jaxrl-llm-demo`). Its one fresh virtual
+environment is `make demo`'s: the wheel's own requirements (install_requires and the demo
+extra), resolved through the test environment's installed distributions, are linked into a
+folder of their own, and only that folder is on the fresh environment's path (through a
+path file, which runs none of the test environment's own path files, so the repository's
+editable install stays out), so a requirement missing from setup.py (one the test extras
+bring, as torch brings jinja2) is missing there too. The tests need no network, except the
+dry run of `make demo`'s pip install.
 """
 import collections
 import email
@@ -160,6 +161,8 @@ class InstalledWheelTest(absltest.TestCase):
     self.assertNotIn("configs", installed)
     self.assertNotIn("launch", installed)
     self.assertTrue(os.path.isfile(os.path.join(self.site, "jaxrl_llm", "presets", "grpo.py")))
+    for command in ("train", "evaluate", "compile", "serve", "demo"):  # setup.py's console scripts
+      self.assertTrue(os.path.isfile(os.path.join(self.bin_dir, f"jaxrl-llm-{command}")), command)
 
     where = run([self.python, "-c",
                  "from jaxrl_llm.config import presets; print(presets.directory())"],
@@ -174,7 +177,7 @@ class InstalledWheelTest(absltest.TestCase):
     self.assertEqual([r["step"] for r in rows], [1])
     self.assertTrue(os.path.isfile(os.path.join(workdir, "export", "config.json")))
 
-  @pytest.mark.slow("the calculator demo's real script in a fresh environment: a new "
+  @pytest.mark.slow("the calculator demo's console script in a fresh environment: a new "
                     "process importing jax and transformers, then one step of multi-turn "
                     "episodes and a held-out evaluation, compiled from scratch")
   def test_the_demo_requirements_alone_play_the_agent_demo(self):
@@ -191,7 +194,7 @@ class InstalledWheelTest(absltest.TestCase):
     self.assertIn("PyTorch was not found", advice)
 
     workdir = os.path.join(self.tmp, "calculator")
-    demo = run([python, os.path.join(REPO, "launch", "demo.py"), "--task=calculator",
+    demo = run([os.path.join(self.bin_dir, "jaxrl-llm-demo"), "--task=calculator",
                 f"--workdir={workdir}", "--config.train.steps=1",
                 "--config.train.prompts_per_step=2", "--config.data.task_options.num_eval=4",
                 "--config.logging.rollouts_every=1"], cwd=outside, env=env)
