@@ -25,9 +25,11 @@ def rewards_field(source) -> str:
   return f"config.sources.{source.name}.rewards" if source.name else "config.rewards"
 
 
-def reward_set(source) -> RewardSet:
-  """`source`'s functions, resolved (errors name their field)."""
-  return RewardSet.from_config(source.rewards, rewards_field(source))
+def reward_set(source, judge=None) -> RewardSet:
+  """`source`'s functions, resolved (errors name their field); `config.judge`'s scores by
+  `judge` (a `rewards.judge.Judge`; None: checks that only resolve the functions)."""
+  bound = {} if judge is None else {sources_lib.JUDGE_FUNCTION: judge.reward}
+  return RewardSet.from_config(source.rewards, rewards_field(source), bound)
 
 
 def _signal(config, source) -> str:

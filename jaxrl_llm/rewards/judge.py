@@ -22,10 +22,12 @@ the run's logical rules), in the compute dtype, `batch_size` texts per program a
 bucketed to powers of two: each process scores its own rows without waiting for another,
 so the asynchronous pipeline's order of programs that span processes is not involved.
 
-The run loads it once per process (`load`, at set-up, given the judge checkpoint's
-architecture with the run's numerics); `judge` is the reward function the sources name
-(`JUDGE_FUNCTION`, added by `config.sources`). `flops()` counts its model FLOPs so far
-(`models.flops`; training adds them to a step's).
+A run's set-up builds one `Judge` per process (given the judge checkpoint's architecture in
+the run's numerics) and hands it to what scores: the sources name the placeholder `judge`
+(`JUDGE_FUNCTION`, added by `config.sources`), and a reward set built with the judge
+(`reward_checks.reward_set(source, judge)`) scores with its `reward` in that place. Its
+`flops` counts its model FLOPs so far (`models.flops`; training adds them to a step's).
+Nothing is kept at module level: two judges in one process share nothing.
 """
 from __future__ import annotations
 
@@ -42,44 +44,28 @@ from jaxrl_llm.models import flops as flops_lib
 from jaxrl_llm.models import load as load_lib
 
 MIN_BUCKET = 16
-_LOADED: list = []  # this process's judge (`load`)
 
 
 def judge(prompts, completions, **fields) -> np.ndarray:
-  """The reward function of `config.judge`: the loaded judge's scores."""
-  if not _LOADED:
-    raise RuntimeError("config.judge.path is set but no judge is loaded in this process: call "
-                       "jaxrl_llm.rewards.judge.load(config) first (training's set-up does)")
-  return _LOADED[0](list(prompts), list(completions), fields)
-
-
-def load(config, model_config: models.ModelConfig) -> "Judge":
-  """Loads `config.judge` (once per process and path) and makes it the one `judge` uses.
-  `model_config`: the judge checkpoint's architecture in the run's numerics (training's
-  `setup.model_config(config.model, config.judge.path)`)."""
-  if _LOADED and _LOADED[0].key == _key(config):
-    return _LOADED[0]
-  _LOADED[:] = [Judge(config, model_config)]
-  return _LOADED[0]
-
-
-def flops() -> float:
-  """Model FLOPs the loaded judge has spent so far (0 without one)."""
-  return _LOADED[0].flops if _LOADED else 0.0
-
-
-def _key(config) -> tuple:
-  return (tuple(sorted(config.judge.to_dict().items())), config.model.dtype,
-          str(config.mesh.rules))
+  """The reward function the sources name for `config.judge` (`JUDGE_FUNCTION`): a
+  placeholder, which a reward set built with the run's `Judge` replaces by its `reward`."""
+  raise RuntimeError("config.judge.path is set but this reward set has no judge: build it "
+                     "with reward_checks.reward_set(source, judge), the Judge of the run's "
+                     "set-up (training.setup.load_judge(config))")
 
 
 class Judge:
-  """`config.judge`'s model, tokenizer and settings (module docstring)."""
+  """`config.judge`'s model, tokenizer and settings (module docstring).
+
+  Args:
+    config: the run's config (`judge`, the compute dtype, the mesh's logical rules).
+    model_config: the judge checkpoint's architecture in the run's numerics (training's
+      `setup.model_config(config.model, config.judge.path)`).
+  """
 
   def __init__(self, config, model_config: models.ModelConfig):
     from jaxrl_llm import data  # pylint: disable=g-import-not-at-top
     cfg = self.cfg = config.judge
-    self.key = _key(config)
     self.tokenizer = data.load_tokenizer(cfg.path)
     mcfg = model_config
     if cfg.kind == "classifier":
@@ -98,6 +84,10 @@ class Judge:
       eos = sampling.eos_ids(self.tokenizer, mcfg)
       self.settings = sampling.SamplingSettings(1, cfg.max_new_tokens, 0.0, 0, 1.0, eos, pad)
       self.sampler = sampling.Sampler(self.settings, buckets(cfg.max_len - cfg.max_new_tokens))
+
+  def reward(self, prompts, completions, **fields) -> np.ndarray:
+    """The judge's scores as a reward function (what `judge` stands for in a reward set)."""
+    return self(list(prompts), list(completions), fields)
 
   def __call__(self, prompts: list[str], completions: list[str], fields: dict) -> np.ndarray:
     if self.cfg.kind == "classifier":

@@ -81,7 +81,7 @@ class RewardSet:
   """Reward functions with weights; call it on a batch to get `Rewards`."""
 
   def __init__(self, functions: Sequence[str], weights: Sequence[float],
-               field: str = "config.rewards"):
+               field: str = "config.rewards", bound: dict | None = None):
     """Resolves the functions.
 
     Args:
@@ -89,6 +89,8 @@ class RewardSet:
         none: every total is 0 (the signal comes from elsewhere).
       weights: one finite float per function.
       field: the config group that names them (`config.sources.NAME.rewards`), for errors.
+      bound: {import path: callable} taking the place of the function a path names (the
+        run's judge, whose path names a placeholder: `rewards.judge`).
 
     Raises:
       ValueError: weights that do not match the functions, or a path that does not
@@ -104,14 +106,19 @@ class RewardSet:
         raise ValueError(f"{field}.weights: {w!r} for {path!r} is not a finite number.")
     self.paths, self.field = functions, field
     self.weights = tuple(float(w) for w in weights)
-    self.fns = tuple(import_path.load_function(p, field=f"{field}.functions[{i}]")
+    bound = bound or {}
+    self.fns = tuple(bound[p] if p in bound else
+                     import_path.load_function(p, field=f"{field}.functions[{i}]")
                      for i, p in enumerate(functions))
-    self.names = tuple(_short_names(self.paths, self.fns))
+    # A bound function is named by its path, as the function it stands for.
+    self.names = tuple(_short_names(self.paths, [None if p in bound else fn
+                                                 for p, fn in zip(self.paths, self.fns)]))
 
   @classmethod
-  def from_config(cls, rewards_cfg, field: str = "config.rewards") -> "RewardSet":
+  def from_config(cls, rewards_cfg, field: str = "config.rewards",
+                  bound: dict | None = None) -> "RewardSet":
     """Builds from `config.rewards` (`functions`, `weights`); `field`: where it is."""
-    return cls(rewards_cfg.functions, rewards_cfg.weights, field)
+    return cls(rewards_cfg.functions, rewards_cfg.weights, field, bound)
 
   def missing_fields(self, fields) -> list[tuple[str, str]]:
     """(function's import path, field) for each field a function reads that is not among

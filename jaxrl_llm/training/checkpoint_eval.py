@@ -72,11 +72,10 @@ def evaluate(config, model: str, samples: int | None = None, split: str = "eval"
   config_lib.check_writable(output)
   mesh, rules = sh.split_meshes(config.mesh)[0], sh.freeze_rules(config.mesh.rules)
   tokenizer, policy = saved_policy.load_policy(config, spec, step, mesh, rules)
-  if config.judge.path:  # a reward function of the sources
-    setup_lib.load_judge(config)
+  judge = setup_lib.load_judge(config)  # a reward function of the sources, if any
   rows = []
   for source, dataset in zip(sources_lib.run_sources(config), datasets):
-    rows += _source_rows(config, tokenizer, policy, source, dataset, K)
+    rows += _source_rows(config, tokenizer, policy, source, dataset, K, judge)
   summary = {"model": spec.path, "step": step, "split": split, "num_samples": K,
              "sources": {name: _summary([r for r in rows if r["source"] == name], ks)
                          for name in dict.fromkeys(r["source"] for r in rows)}}
@@ -107,15 +106,15 @@ def source_name(source) -> str:
   return source.name or "default"
 
 
-def _source_rows(config, tokenizer, policy, source, dataset, K: int) -> list[dict]:
+def _source_rows(config, tokenizer, policy, source, dataset, K: int, judge) -> list[dict]:
   """Every record of `dataset` (every process's), answered greedily and sampled K times."""
   settings = sampling.settings.from_config(config.sampling,
                                            sampling.eos_ids(tokenizer, policy.config),
                                            sampling.pad_id(tokenizer), greedy=True)
   prompt_format = data.PromptFormat.from_config(config)
   greedy = evaluation.Evaluator(source, dataset, settings, prompt_format, tokenizer,
-                                config.train.prompts_per_step)
-  sampled = SampledEval.for_source(config, tokenizer, policy.config, source, K)
+                                config.train.prompts_per_step, judge=judge)
+  sampled = SampledEval.for_source(config, tokenizer, policy.config, source, K, judge)
   extractor = answers.extractor_for(config.eval.answer_extractor, source.rewards.functions)
   # Episodes run on one copy on this process's first device, made once.
   model = policy if not source.multi_turn else episodes.local_model(policy)

@@ -42,14 +42,15 @@ class Evaluator:
     batch_size: prompts per sampling call (the run's `prompts_per_step`).
     sampled: K samples per record for pass@k (`sampled_eval`), or None (greedy only).
     pass_ks: the k's of pass@k (with `sampled`).
+    judge: `config.judge`'s model, if it scores this source.
   """
 
   def __init__(self, source: Source, dataset, settings: sampling.SamplingSettings,
                prompt_format: data.PromptFormat, tokenizer, batch_size: int,
-               sampled: SampledEval | None = None, pass_ks: tuple[int, ...] = ()):
+               sampled: SampledEval | None = None, pass_ks: tuple[int, ...] = (), judge=None):
     self.dataset, self.format, self.tokenizer = dataset, prompt_format, tokenizer
     self.batch_size = batch_size
-    self.reward_set = reward_checks.reward_set(source)
+    self.reward_set = reward_checks.reward_set(source, judge)
     self.prefix = f"{source.name}/" if source.name else ""
     self.dataset_key = (source.data, source.task_options,
                         tuple(source.rewards.to_dict().items()))
@@ -59,8 +60,10 @@ class Evaluator:
     self.sampled, self.pass_ks = sampled, tuple(pass_ks)
 
   @classmethod
-  def for_source(cls, config, tokenizer, policy_config, source: Source) -> "Evaluator":
-    """The evaluator of a run's `source` (`sources.run_sources`), built from `config`."""
+  def for_source(cls, config, tokenizer, policy_config, source: Source,
+                 judge=None) -> "Evaluator":
+    """The evaluator of a run's `source` (`sources.run_sources`), built from `config`;
+    `judge`: `config.judge`'s model (None without one)."""
     settings = sampling.settings.from_config(config.sampling,
                                              sampling.eos_ids(tokenizer, policy_config),
                                              sampling.pad_id(tokenizer), greedy=True)
@@ -68,10 +71,10 @@ class Evaluator:
     dataset = data.load_dataset(data_cfg, "eval", task_options=data_cfg.task_options)
     K, sampled, ks = config.eval.num_samples, None, ()
     if K > 0:
-      sampled = SampledEval.for_source(config, tokenizer, policy_config, source, K)
+      sampled = SampledEval.for_source(config, tokenizer, policy_config, source, K, judge)
       ks = pass_at_k.resolve_ks(config.eval.pass_k, K)
     return cls(source, dataset, settings, data.PromptFormat.from_config(config), tokenizer,
-               config.train.prompts_per_step, sampled, ks)
+               config.train.prompts_per_step, sampled, ks, judge)
 
   def complete(self, policy, batch: data.RecordBatch):
     """Greedy completions of `batch`'s prompts (texts; an episode's last model turn) and
@@ -138,8 +141,8 @@ class Evaluators:
   """Every source's `Evaluator` (one without `config.sources`); the table leads with the
   first's."""
 
-  def __init__(self, config, tokenizer, policy_config):
-    self.parts = [Evaluator.for_source(config, tokenizer, policy_config, s)
+  def __init__(self, config, tokenizer, policy_config, judge=None):
+    self.parts = [Evaluator.for_source(config, tokenizer, policy_config, s, judge)
                   for s in sources_lib.run_sources(config)]
 
   def __call__(self, policy) -> dict[str, float]:
@@ -183,14 +186,13 @@ def greedy_samples(config, count: int, model_path: str = "", source: str = "") -
   config_lib.validate(config)
   mesh, rules = sh.split_meshes(config.mesh)[0], sh.freeze_rules(config.mesh.rules)
   tokenizer, policy = setup_lib.load_tokenizer_and_policy(config, mesh, rules)
-  if config.judge.path:  # a reward function of the sources
-    setup_lib.load_judge(config)
+  judge = setup_lib.load_judge(config)  # a reward function of the sources, if any
   run_sources = sources_lib.run_sources(config)
   names = [s.name for s in run_sources]
   if len(config.sources) and source and source not in names:
     raise ValueError(f"source={source!r}: expected one of config.sources {names}")
   chosen = run_sources[names.index(source) if source and len(config.sources) else 0]
-  evaluator = Evaluator.for_source(config, tokenizer, policy.config, chosen)
+  evaluator = Evaluator.for_source(config, tokenizer, policy.config, chosen, judge)
   if not 0 < count <= len(evaluator.dataset):
     raise ValueError(f"count={count}: expected 1 to {len(evaluator.dataset)}, the size of the "
                      "eval split of " + (f"config.sources.{chosen.name}.data={chosen.data!r}"

@@ -50,7 +50,8 @@ class Feed:
         config.sampling, sampling.eos_ids(tokenizer, setup.models.policy.config),
         sampling.pad_id(tokenizer))
     self.rollouts = rollouts.for_plan(plan, settings, data.PromptFormat.from_config(config),
-                                    tokenizer, training_batches(config, plan, start))
+                                      tokenizer, training_batches(config, plan, start),
+                                      setup.judge)
     if start.in_flight and plan.partial:  # samples a checkpoint kept in flight
       self.rollouts.restore(start.in_flight)
     self.pipeline = None

@@ -51,8 +51,8 @@ def train(config, workdir: str, devices=None, print_config: bool = False,
   _record_config(config, workdir, print_config)
   t, programs, mesh = config.train, setup.programs, setup.models.mesh
   feed = feed_lib.Feed(config, plan, setup, start)
-  evaluator = (evaluation.Evaluators(config, setup.tokenizer, setup.models.policy.config)
-               if t.eval_every > 0 else None)
+  evaluator = (evaluation.Evaluators(config, setup.tokenizer, setup.models.policy.config,
+                                     setup.judge) if t.eval_every > 0 else None)
   guard = guards.NonFiniteGuard(t.max_consecutive_skips, start.skipped_steps,
                                 start.consecutive_skips)
   params = trackers.run_params(config, workdir, resume.run_identity(config))

@@ -56,30 +56,31 @@ class SampledEval:
     num_samples: K, the samples per record.
     correct_at: the reward total from which a sample counts as correct.
     seed: the keys' root (module docstring).
+    judge: `config.judge`'s model, if it scores this source.
   """
 
   def __init__(self, source: Source, settings: sampling.SamplingSettings,
                prompt_format: data.PromptFormat, tokenizer, num_samples: int,
-               correct_at: float, seed: int = 0):
+               correct_at: float, seed: int = 0, judge=None):
     if num_samples < 1:
       raise ValueError(f"num_samples={num_samples}: expected >= 1 samples per record")
     self.K, self.correct_at, self.seed = num_samples, float(correct_at), seed
     self.format, self.tokenizer = prompt_format, tokenizer
     self.settings = dataclasses.replace(settings, num_samples=num_samples)
-    self.reward_set = reward_checks.reward_set(source)
+    self.reward_set = reward_checks.reward_set(source, judge)
     self.player = (players.player_for(source, tokenizer, self.settings)
                    if source.multi_turn else None)
     self.sampler = None if self.player else sampling.Sampler(self.settings, prompt_format.buckets)
 
   @classmethod
   def for_source(cls, config, tokenizer, policy_config, source: Source,
-                 num_samples: int) -> "SampledEval":
+                 num_samples: int, judge=None) -> "SampledEval":
     """The sampled evaluation of a run's `source` with K = `num_samples`, from `config`."""
     settings = sampling.settings.from_config(config.sampling,
                                              sampling.eos_ids(tokenizer, policy_config),
                                              sampling.pad_id(tokenizer))
     return cls(source, settings, data.PromptFormat.from_config(config), tokenizer, num_samples,
-               config.eval.correct_at, config.seed)
+               config.eval.correct_at, config.seed, judge)
 
   def model(self, policy):
     """The policy as `sample` takes it: on this process's first device for episodes (copy it

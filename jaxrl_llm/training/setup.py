@@ -39,10 +39,13 @@ def model_config(model_cfg, path: str | None = None) -> ModelConfig:
                      router_z_loss_coef=model_cfg.router_z_loss_coef, moe_impl=model_cfg.moe_impl)
 
 
-def load_judge(config) -> judge_lib.Judge:
-  """`config.judge`'s model (its checkpoint's architecture in the policy's numerics), loaded
-  once per process as the reward function the sources name (`rewards.judge`)."""
-  return judge_lib.load(config, model_config(config.model, config.judge.path))
+def load_judge(config) -> judge_lib.Judge | None:
+  """`config.judge`'s model on this process's devices (its checkpoint's architecture in the
+  policy's numerics): what scores in the place of the reward function the sources name
+  (`rewards.judge`); None without `config.judge.path`."""
+  if not config.judge.path:
+    return None
+  return judge_lib.Judge(config, model_config(config.model, config.judge.path))
 
 
 def policy_config(config) -> ModelConfig:
@@ -186,6 +189,8 @@ class Setup:
     layout: the TrainState's shapes, dtypes and shardings (`state.abstract_state`): where
       every program, fresh state and restored checkpoint keeps it.
     programs: the compiled programs of a step.
+    base_fingerprint: LoRA's `lora.fingerprint` of the frozen base (None without one).
+    judge: `config.judge`'s model, which scores the sources that name it (None without one).
   """
   models: Models
   tokenizer: Any
@@ -193,7 +198,8 @@ class Setup:
   optimizer: Any
   layout: state_lib.TrainState
   programs: programs_lib.Programs
-  base_fingerprint: str | None = None  # LoRA: `lora.fingerprint` of the frozen base
+  base_fingerprint: str | None = None
+  judge: judge_lib.Judge | None = None
 
 
 def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
@@ -233,8 +239,7 @@ def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
     teacher = models.frozen(abstract_model(teacher_cfg) if abstract else models.place(
         models.Model(load.load_params(config.teacher.path, teacher_cfg), teacher_cfg), mesh,
         rules))
-  if config.judge.path and not abstract:  # a reward function's model: on this process's devices
-    load_judge(config)
+  judge = None if abstract else load_judge(config)  # a reward function's model
   trained = Models(mesh, rules, policy, reference, value, rollout_policy, teacher, base,
                    rollout_base)
   # One schedule: the optimizer follows it and the `lr` metric reads it.
@@ -247,7 +252,7 @@ def set_up(config, plan: Plan, devices=None, abstract: bool = False) -> Setup:
       num_baselines=plan.baselines)
   programs = programs_lib.compile_programs(config, plan, trained, optimizer, layout)
   fingerprint = None if base is None or abstract else lora.fingerprint(base)
-  return Setup(trained, tokenizer, schedule, optimizer, layout, programs, fingerprint)
+  return Setup(trained, tokenizer, schedule, optimizer, layout, programs, fingerprint, judge)
 
 
 def fresh_state(setup: Setup, seed: int) -> state_lib.TrainState:

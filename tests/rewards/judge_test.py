@@ -16,9 +16,10 @@ from absl.testing import absltest
 from configs import smoke
 from jaxrl_llm import training
 from jaxrl_llm.config import ConfigError, schema, validate
+from jaxrl_llm.config import reward_checks
 from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.data import char_tokenizer
-from jaxrl_llm.rewards import judge as judge_lib
+from jaxrl_llm.rewards import RewardError
 from jaxrl_llm.training import setup as setup_lib
 from tests import cli_runs
 
@@ -79,9 +80,12 @@ class JudgeTest(absltest.TestCase):
     cls.seven = seven_dir(os.path.join(cls.tmp, "seven"))
 
   def test_classifier_scores_equal_transformers(self):
-    judge = setup_lib.load_judge(judge_config(self.classifier, "classifier"))
+    config = judge_config(self.classifier, "classifier")
+    judge = setup_lib.load_judge(config)
     prompts, completions = [p for p, _ in TEXTS] * 2, [c for _, c in TEXTS] * 2  # 2 programs
-    got = judge_lib.judge(prompts, completions, answer=[""] * len(prompts))
+    # The sources' reward set scores with the judge in the place of the placeholder they name.
+    reward_set = reward_checks.reward_set(sources_lib.run_sources(config)[0], judge)
+    got = reward_set(prompts, completions, answer=["0"] * len(prompts)).per_function["judge"]
     model = transformers.AutoModelForSequenceClassification.from_pretrained(self.classifier).eval()
     for p, c, score in zip(prompts, completions, got):
       ids = judge.conversation(p, c)
@@ -89,7 +93,17 @@ class JudgeTest(absltest.TestCase):
       with torch.no_grad():
         want = model(torch.tensor([ids])).logits[0, 0].item()
       np.testing.assert_allclose(score, want, rtol=1e-4, atol=1e-4)
-    self.assertGreater(judge_lib.flops(), 0)
+    self.assertGreater(judge.flops, 0)
+    # Two judges in one process share nothing: another one's FLOPs start at 0 and this one's
+    # own count does not move while the other scores.
+    other, spent = setup_lib.load_judge(config), judge.flops
+    self.assertEqual(other.flops, 0.0)
+    np.testing.assert_array_equal(other.reward(prompts, completions), got)
+    self.assertEqual(judge.flops, spent)
+    self.assertGreater(other.flops, 0)
+    with self.assertRaisesRegex(RewardError, "judge:judge.*this reward set has no judge"):
+      reward_checks.reward_set(sources_lib.run_sources(config)[0])(
+          prompts, completions, answer=["0"] * len(prompts))
 
   def test_generative_verdicts_are_its_greedy_answers_parsed(self):
     config = judge_config(self.seven, "generative")
@@ -105,7 +119,7 @@ class JudgeTest(absltest.TestCase):
         out = model.generate(torch.tensor([ask]), max_new_tokens=4, do_sample=False)
       self.assertEqual(verdict, judge.tokenizer.decode(out[0, len(ask):]))
       self.assertEqual(verdict, "7777")
-    scores = judge_lib.judge(prompts, completions, answer=["a"] * 4)
+    scores = judge.reward(prompts, completions, answer=["a"] * 4)
     np.testing.assert_array_equal(scores, [7.0] * 4)
     config.judge.parser, config.judge.unparsed = r"Score: (\d+)", -1.0  # never in "7777"
     np.testing.assert_array_equal(setup_lib.load_judge(config)(prompts, completions, {"answer": ["a"] * 4}),

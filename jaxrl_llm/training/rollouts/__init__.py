@@ -36,19 +36,20 @@ from jaxrl_llm.training.rollouts.train_batch import TrainBatch
 
 
 def for_plan(plan: Plan, settings: sampling.SamplingSettings, prompt_format: data.PromptFormat,
-             tokenizer, batches: Iterator[data.RecordBatch]) -> RolloutSource:
+             tokenizer, batches: Iterator[data.RecordBatch], judge=None) -> RolloutSource:
   """The rollout source the plan names: sampled by the policy (episodes where a source has
-  an environment) or the dataset's completions (conversations where it has one)."""
+  an environment) or the dataset's completions (conversations where it has one). `judge`:
+  `config.judge`'s model, which scores the sampled rows of the sources it judges."""
   multi_turn = any(s.multi_turn for s in plan.sources)
   if plan.completions == "sample" and multi_turn and plan.partial:
-    return PartialEpisodeRollouts(plan, settings, prompt_format, tokenizer, batches)
+    return PartialEpisodeRollouts(plan, settings, prompt_format, tokenizer, batches, judge)
   if plan.completions == "sample" and multi_turn:
-    return EpisodeRollouts(plan, settings, prompt_format, tokenizer, batches)
+    return EpisodeRollouts(plan, settings, prompt_format, tokenizer, batches, judge)
   if plan.completions == "sample" and plan.partial:
-    return PartialRollouts(plan, settings, prompt_format, tokenizer, batches)
+    return PartialRollouts(plan, settings, prompt_format, tokenizer, batches, judge)
   if plan.completions == "sample":
     return SampledRollouts(plan, settings, prompt_format, tokenizer, batches,
-                           sampling.Sampler(settings, prompt_format.buckets))
+                           sampling.Sampler(settings, prompt_format.buckets), judge)
   if plan.sources[0].multi_turn:  # SFT on conversations: the model's turns are the targets
     return ConversationRollouts(plan.sources[0], settings, prompt_format, tokenizer, batches)
   return DatasetRollouts(settings, prompt_format, tokenizer, batches)

@@ -31,14 +31,15 @@ class EpisodeRollouts:
     prompt_format: its `buckets` pad the episodes' openings.
     tokenizer: the policy's tokenizer.
     batches: this process's prompt batches.
+    judge: `config.judge`'s model, for the sources it scores (None without one).
   """
 
   def __init__(self, plan: Plan, settings: sampling.SamplingSettings,
                prompt_format: data.PromptFormat, tokenizer,
-               batches: Iterator[data.RecordBatch]):
+               batches: Iterator[data.RecordBatch], judge=None):
     self.tokenizer, self.batches, self.buckets = tokenizer, batches, prompt_format.buckets
     self.G, self.pad, self.algo = settings.num_samples, settings.pad_id, plan.algo
-    self.score_rows = RowScorer(plan.sources, plan.mixed, self.G)
+    self.score_rows = RowScorer(plan.sources, plan.mixed, self.G, judge)
     self.players = [player_for(s, tokenizer, settings) for s in plan.sources]
     self.width = max(s.env["max_episode_tokens"] for s in plan.sources)
     self.echo = {k: float(v) for k, v in plan.algo.echo.items() if v}

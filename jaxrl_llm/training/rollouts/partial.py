@@ -70,8 +70,9 @@ class PartialRollouts(SampledRollouts):
 
   def __init__(self, plan: Plan, settings: sampling.SamplingSettings,
                prompt_format: data.PromptFormat, tokenizer,
-               batches: Iterator[data.RecordBatch]):
-    super().__init__(plan, settings, prompt_format, tokenizer, batches, sampler=None)
+               batches: Iterator[data.RecordBatch], judge=None):
+    super().__init__(plan, settings, prompt_format, tokenizer, batches, sampler=None,
+                     judge=judge)
     self.settings, self.k = settings, plan.max_async_level
     self.engine: serving.PartialEngine | None = None
     self.P = 0  # this process's prompts per step

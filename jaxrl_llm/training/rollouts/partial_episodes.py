@@ -72,8 +72,8 @@ class PartialEpisodeRollouts(EpisodeRollouts):
   spans_versions = True
 
   def __init__(self, plan: Plan, settings: sampling.SamplingSettings,
-               prompt_format: data.PromptFormat, tokenizer, batches):
-    super().__init__(plan, settings, prompt_format, tokenizer, batches)
+               prompt_format: data.PromptFormat, tokenizer, batches, judge=None):
+    super().__init__(plan, settings, prompt_format, tokenizer, batches, judge)
     for player in self.players:
       if not isinstance(player, admitted.AdmittedEpisodePlayer):
         raise ValueError(f"rollouts.partial=True: {player.name} is played turn by turn in "

@@ -51,15 +51,16 @@ class SampledRollouts:
     tokenizer: the policy's tokenizer.
     batches: this process's prompt batches.
     sampler: the sampler (`sampling.Sampler`).
+    judge: `config.judge`'s model, for the sources it scores (None without one).
   """
 
   def __init__(self, plan: Plan, settings: sampling.SamplingSettings,
                prompt_format: data.PromptFormat, tokenizer,
-               batches: Iterator[data.RecordBatch], sampler: sampling.Sampler):
+               batches: Iterator[data.RecordBatch], sampler: sampling.Sampler, judge=None):
     self.algo, self.format, self.tokenizer = plan.algo, prompt_format, tokenizer
     self.batches, self.sampler = batches, sampler
     self.G, self.pad = settings.num_samples, settings.pad_id
-    self.score_rows = RowScorer(plan.sources, plan.mixed, self.G)
+    self.score_rows = RowScorer(plan.sources, plan.mixed, self.G, judge)
     self.hints = ([data.Hint(s.algo.distill.hint_field, s.algo.distill.hint_template)
                    if s.algo.distill.teacher == "self" else None for s in plan.sources]
                   if plan.self_teacher else [])

@@ -8,7 +8,6 @@ import numpy as np
 from jaxrl_llm import data
 from jaxrl_llm.config import reward_checks
 from jaxrl_llm.rewards import Rewards
-from jaxrl_llm.rewards import judge as judge_lib
 
 
 class RowScorer:
@@ -19,10 +18,12 @@ class RowScorer:
     mixed: a mixed run (`config.sources`): its batches carry each record's source, and its
       functions are named `SOURCE/FUNCTION` (NaN on the other sources' rows).
     num_samples: G, the rows of each prompt.
+    judge: `config.judge`'s model (`rewards.judge.Judge`), for the sources it scores.
   """
 
-  def __init__(self, sources: Sequence, mixed: bool, num_samples: int):
-    self.reward_sets = [reward_checks.reward_set(s) for s in sources]
+  def __init__(self, sources: Sequence, mixed: bool, num_samples: int, judge=None):
+    self.reward_sets = [reward_checks.reward_set(s, judge) for s in sources]
+    self.judge = judge
     self.names = tuple(s.name for s in sources) if mixed else ()
     self.G = num_samples
     self.judge_flops = 0.0  # `config.judge`'s model FLOPs on the rows scored (`take_judge_flops`)
@@ -36,11 +37,14 @@ class RowScorer:
                extra: dict[str, list] | None = None) -> Rewards:
     """The rewards of `completions` (G per record of `batch`, prompt-major); `extra`: more
     fields, one value per row (an episode's `turns` and `messages`)."""
-    before = judge_lib.flops()
+    before = self._judge_flops()
     try:
       return self._score(batch, prompts, completions, extra or {})
     finally:
-      self.judge_flops += judge_lib.flops() - before
+      self.judge_flops += self._judge_flops() - before
+
+  def _judge_flops(self) -> float:
+    return 0.0 if self.judge is None else self.judge.flops
 
   def _score(self, batch: data.RecordBatch, prompts: list[str], completions: list[str],
              extra: dict[str, list]) -> Rewards:
