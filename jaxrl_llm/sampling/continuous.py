@@ -19,7 +19,8 @@ waits for memory. Attention reads the leading pages of every slot's block table,
 the longest live sequence needs rounded up to a power of two (`attention.paged_attention`);
 slots are ordered by length each step and read in four groups, so a group of short
 sequences does not read as far as the longest one. A step runs the smallest of
-`batch_sizes` that holds the live slots.
+`paged.batch_sizes` that holds the live slots (`paged`, the step shared with the slot
+engine).
 
 A request draws its tokens from its own keys (`choose.request_keys`): its completion does
 not depend on its slot, its neighbours or when it started, and equals the static engine's
@@ -71,7 +72,7 @@ import jax.numpy as jnp
 from jaxrl_llm import models
 from jaxrl_llm import sharding as sh
 from jaxrl_llm.models import kv_cache
-from jaxrl_llm.sampling import choose, decode, output, page_pool
+from jaxrl_llm.sampling import choose, decode, output, page_pool, paged
 from jaxrl_llm.sampling.page_pool import EngineState
 from jaxrl_llm.sampling.settings import SamplingSettings
 
@@ -105,29 +106,6 @@ def pool_pages(prompts: int, prompt_len: int, s: SamplingSettings, shards: int =
   Q, own = s.page_size, prompts // shards
   slots = engine_slots(s, prompts * s.num_samples, shards)
   return shards * (own * (prompt_len // Q) + page_pool.own_pages(s, slots) + 1)
-
-
-def read_sizes(own_pages: int) -> tuple[int, ...]:
-  """The numbers of own pages an attention read may cover: powers of two, then all."""
-  sizes, n = [], 1
-  while n < own_pages:
-    sizes.append(n)
-    n *= 2
-  return tuple(sizes) + (own_pages,)
-
-
-def batch_sizes(slots: int) -> tuple[int, ...]:
-  """The batch sizes a decode step may run: all slots, a quarter, a sixteenth (the smallest
-  that holds the live slots runs, so the end of a call, when few requests are left, costs
-  less)."""
-  return tuple(sorted({max(1, slots // 16), max(1, slots // 4), slots}))
-
-
-def _groups(batch: int, most: int = 4) -> tuple[tuple[int, int], ...]:
-  """`batch` slots cut into at most `most` contiguous groups of near-equal size."""
-  n = min(most, batch)
-  bounds = [batch * i // n for i in range(n + 1)]
-  return tuple(zip(bounds[:-1], bounds[1:]))
 
 
 def _record(st: EngineState, live_M, token_M, logp_M, s: SamplingSettings):
@@ -327,40 +305,12 @@ def _decode_step(e: _Engine, st: EngineState) -> EngineState:
   valid_MS = jnp.concatenate([e.mask_PS[prompt_M], own_valid_MO.astype(jnp.int32)], axis=1)
   positions_M = e.next_position_P[prompt_M] + w_M
   keys_M = choose.token_keys(e.keys_R[request_M], st.slot_chosen)
-  # Live slots first, longest first: a step runs the smallest batch size that holds the
-  # live slots, and its groups of slots read about their own longest sequence.
-  pages_M = jnp.where(live_M, w_M // Q + 1, 0)
-  order_M = jnp.argsort(-pages_M, stable=True)
-  sizes = read_sizes(e.OWN)
-
-  def run(b: int):
-    def batch(pool):
-      at_b = order_M[:b]
-      groups = _groups(b)
-      longest_g = jnp.maximum(pages_M[at_b][jnp.asarray([lo for lo, _ in groups])], 1)
-      index = kv_cache.PagedIndex(
-          block_table=table_MP[at_b],
-          read_branch=jnp.searchsorted(jnp.asarray(sizes), longest_g).astype(jnp.int32),
-          read_pages=tuple(SP + n for n in sizes), groups=groups,
-          pool=pool if e.in_place else None)
-      cache = kv_cache.pool_layers(e.model.config.num_layers) if e.in_place else pool
-      logits_b1V, cache, *routed = decode.forward(
-          e.model, st.slot_token[at_b][:, None], positions_M[at_b][:, None], valid_MS[at_b],
-          cache, index, tune=e.tune, with_router=moe)
-      token_b, logp_b = choose.choose_tokens(logits_b1V[:, 0], keys_M[at_b], e.s)
-      # Back in slot order, for all M slots (the others write to the spare page).
-      in_slots = lambda x, axis: jnp.zeros(x.shape[:axis] + (M,) + x.shape[axis + 1:],
-                                           x.dtype).at[(slice(None),) * axis + (at_b,)].set(x)
-      new_kv = jax.tree.map(lambda x: in_slots(x, x.ndim - 4), kv_cache.pending(cache))
-      experts = in_slots(routed[0]["experts"][:, 0], 0) if moe else None
-      return in_slots(token_b, 0), in_slots(logp_b, 0), new_kv, experts
-    return batch
-
   moe = st.routing_RNLk is not None
-  sizes_b = batch_sizes(M)
-  live = jnp.sum(live_M, dtype=jnp.int32)
-  token_M, logp_M, (k_new, v_new), experts_MLk = jax.lax.switch(
-      jnp.searchsorted(jnp.asarray(sizes_b), live), [run(b) for b in sizes_b], st.pool)
+  (token_M, logp_M), (k_new, v_new), experts_MLk = paged.decode_slots(
+      e.model, e.tune, st.pool, tokens_M=st.slot_token, positions_M=positions_M,
+      valid_MS=valid_MS, live_M=live_M, pages_M=jnp.where(live_M, w_M // Q + 1, 0),
+      table_MP=table_MP, prompt_pages=SP, in_place=e.in_place, moe=moe,
+      choose=lambda logits_bV, at_b: choose.choose_tokens(logits_bV, keys_M[at_b], e.s))
   if moe:  # the fed token's experts, at its completion column
     row_M = jnp.where(live_M & (st.slot_chosen > 0), request_M, e.R)  # out of range: dropped
     st = st.replace(routing_RNLk=st.routing_RNLk.at[row_M, w_M].set(

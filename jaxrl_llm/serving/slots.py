@@ -8,7 +8,7 @@ left-padded to a bucket of whole pages and prefilled into the slot's first pages
 (`admit`); its completion follows, one token per decode step (`decode_chunk`), at its own
 position, as in the continuous engine (`sampling.continuous`): attention reads the leading
 pages of every slot's table, as many as the longest live sequence of its group needs, and
-a step runs the smallest of `continuous.batch_sizes` that holds the live slots.
+a step runs the smallest of `sampling.paged.batch_sizes` that holds the live slots.
 
 Pieces. A prompt longer than `Layout.prefill_chunk` columns is prefilled in pieces of that
 many (`prefill_piece`, then `prefill_last`), each reading the keys and values of the ones
@@ -36,7 +36,7 @@ from flax import struct
 
 from jaxrl_llm import models
 from jaxrl_llm.models import kv_cache
-from jaxrl_llm.sampling import choose, continuous, decode
+from jaxrl_llm.sampling import choose, decode, paged
 from jaxrl_llm.sampling.settings import SamplingSettings
 
 
@@ -306,36 +306,12 @@ def _decode_step(model, tune, st: SlotState, layout: Layout, s: SamplingSettings
   write_page_M = jnp.where(live_M, jnp.arange(M) * PP + col_M // Q, layout.spare_page)
   table_MP = jnp.arange(M)[:, None] * PP + jnp.arange(PP)[None]
   positions_M = st.position + jnp.maximum(st.length - 1, 0)
-  pages_M = jnp.where(live_M, col_M // Q + 1, 0)
-  order_M = jnp.argsort(-pages_M, stable=True)  # longest first: groups read about their own
-  sizes = continuous.read_sizes(PP)
   in_place = not isinstance(st.pool, tuple) and tune.key_layout == "slot_major"
   moe = st.routing is not None
-
-  def run(b: int):
-    def batch(pool):
-      at_b = order_M[:b]
-      groups = continuous._groups(b)  # pylint: disable=protected-access
-      longest_g = jnp.maximum(pages_M[at_b][jnp.asarray([lo for lo, _ in groups])], 1)
-      index = kv_cache.PagedIndex(
-          block_table=table_MP[at_b],
-          read_branch=jnp.searchsorted(jnp.asarray(sizes), longest_g).astype(jnp.int32),
-          read_pages=sizes, groups=groups, pool=pool if in_place else None)
-      cache = kv_cache.pool_layers(model.config.num_layers) if in_place else pool
-      logits_b1V, cache, *routed = decode.forward(
-          model, st.token[at_b][:, None], positions_M[at_b][:, None], st.mask[at_b], cache,
-          index, tune=tune, with_router=moe)
-      in_slots = lambda x, axis: jnp.zeros(x.shape[:axis] + (M,) + x.shape[axis + 1:],
-                                           x.dtype).at[(slice(None),) * axis + (at_b,)].set(x)
-      new_kv = jax.tree.map(lambda x: in_slots(x, x.ndim - 4), kv_cache.pending(cache))
-      experts = in_slots(routed[0]["experts"][:, 0], 0) if moe else None
-      return in_slots(logits_b1V[:, 0], 0), new_kv, experts
-    return batch
-
-  sizes_b = continuous.batch_sizes(M)
-  live = jnp.sum(live_M, dtype=jnp.int32)
-  logits_MV, (k_new, v_new), experts_MLk = jax.lax.switch(
-      jnp.searchsorted(jnp.asarray(sizes_b), live), [run(b) for b in sizes_b], st.pool)
+  logits_MV, (k_new, v_new), experts_MLk = paged.decode_slots(
+      model, tune, st.pool, tokens_M=st.token, positions_M=positions_M, valid_MS=st.mask,
+      live_M=live_M, pages_M=jnp.where(live_M, col_M // Q + 1, 0), table_MP=table_MP,
+      prompt_pages=0, in_place=in_place, moe=moe, choose=lambda logits_bV, at_b: logits_bV)
   pool = kv_cache.write_pages(st.pool, k_new, v_new, write_page_M, col_M % Q)
   fed_M = jnp.zeros_like(st.mask).at[jnp.arange(M), col_M].set(live_M.astype(jnp.int32))
   st = st.replace(pool=pool, mask=st.mask | fed_M)
