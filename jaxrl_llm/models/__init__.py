@@ -18,6 +18,7 @@ The package's modules:
   variants.py     models made from a model: LoRA, an int8 base, merged, frozen, a critic.
   pretrained.py   Hugging Face directories: `from_pretrained`, `save_pretrained`, `save_adapter`.
   config.py       `ModelConfig`, read from and written to HF `config.json`.
+  flops.py        model FLOPs of a forward pass (training's MFU, the judge's count).
   load.py         Hugging Face checkpoints <-> our parameter tree.
   transformer.py  the decoder; its parts in attention.py, moe.py (expert_parallel.py),
                   value_head.py, lora.py and quant.py.
