@@ -21,16 +21,13 @@ import functools
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import SingleDeviceSharding
 
 from jaxrl_llm import models, platform, sampling
 from jaxrl_llm.models import expert_parallel
 from jaxrl_llm.models import flops as model_flops
-from jaxrl_llm.sampling import decode
 from jaxrl_llm import sharding as sh
-from jaxrl_llm.config import sources as sources_lib
 from jaxrl_llm.training import flops, prepare, rollouts
 from jaxrl_llm.training.rollouts import episodes
 from jaxrl_llm.training.plan import Plan
@@ -280,24 +277,10 @@ def _turn_program(config, plan: Plan, setup: Setup, step_flops: dict) -> StepPro
   model = models.Model(jax.tree.map(one, m.trained_policy(layout.policy_params).params),
                        m.policy.config)
   turns = sampling.TurnSampler(settings, T + N, grow_to=2 * T + src.env["max_turns"] * (N + 8))
-  width = sampling.bucket_length(min(T, max(turns.buckets)), turns.buckets)
-  columns = turns.grow_to
-  state = sampling.turns.TurnState(
-      cache=jax.tree.map(one, jax.eval_shape(lambda: models.init_cache(
-          m.policy.config, rows, columns))),
-      kv_mask_BW=one(jax.ShapeDtypeStruct((rows, columns), jnp.int32)),
-      next_position_B=one(jax.ShapeDtypeStruct((rows,), jnp.int32)),
-      drawn_B=one(jax.ShapeDtypeStruct((rows,), jnp.int32)))
-  keys = one(jax.eval_shape(lambda: sampling.request_keys(jax.random.key(0), rows)))
-  scalar = one(jax.ShapeDtypeStruct((), jnp.int32))
-  chunk = one(jax.ShapeDtypeStruct((rows, width), jnp.int32))
+
   def lower():  # a model without a mesh runs where the default device is: the target's
     with jax.default_device(device):
-      cache = jax.tree.map(one, jax.eval_shape(lambda: models.init_cache(
-          m.policy.config, rows, columns, key_layout=decode.tuning(model).key_layout)))
-      return turns._program.lower(  # pylint: disable=protected-access
-          model, state.replace(cache=cache), scalar, chunk, chunk,
-          one(jax.ShapeDtypeStruct((rows,), jnp.int32)), keys)
+      return turns.lower_shapes(model, rows, T, turns.grow_to, place=one)
   return StepProgram("turn", TRAINER, lower, (), src.env["max_turns"], N,
                      step_flops["sample"] / src.env["max_turns"])
 

@@ -226,6 +226,24 @@ class TurnSampler:
     self.column += width + int(steps)
     return jax.device_get(out)
 
+  def lower_shapes(self, model: models.Model, rows: int, new_tokens: int, columns: int,
+                   place=lambda x: x):
+    """The turn program for `rows` episodes appending up to `new_tokens` tokens each (a
+    chunk of their bucket, at most the largest) into a cache of `columns`, lowered from
+    shapes alone: `model` may hold `jax.ShapeDtypeStruct`s, and `place` puts each argument's
+    struct where it lives (one device of a TPU slice this host does not have:
+    `launch.compile`)."""
+    cfg = model.config
+    ints = lambda *shape: place(jax.ShapeDtypeStruct(shape, jnp.int32))
+    width = bucket_length(min(new_tokens, max(self.buckets)), self.buckets)
+    cache = jax.tree.map(place, jax.eval_shape(lambda: kv_cache.init_cache(
+        cfg, rows, columns, key_layout=decode.tuning(model).key_layout)))
+    state = TurnState(cache=cache, kv_mask_BW=ints(rows, columns), next_position_B=ints(rows),
+                      drawn_B=ints(rows))
+    keys = place(jax.eval_shape(lambda: choose.request_keys(jax.random.key(0), rows)))
+    return self._program.lower(model, state, ints(), ints(rows, width), ints(rows, width),
+                               ints(rows), keys)
+
   def _grow(self, columns: int) -> None:
     """More cache columns, zeros after the used ones."""
     extra = columns - self.max_columns
