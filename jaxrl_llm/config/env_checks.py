@@ -73,13 +73,19 @@ def check_envs(config, platform_name: str) -> None:
             "'model' with an environment (a hint before an episode is not supported)")
 
 
+def episode_engine(config, platform_name: str) -> str:
+  """'turns' or 'slots': what plays this run's episodes on platform `platform_name`
+  (`sampling.engine_kind`)."""
+  from jaxrl_llm import sampling  # pylint: disable=g-import-not-at-top
+  settings = sampling.settings.from_config(config.sampling, eos_ids=(), pad_id=0)
+  return sampling.engine_kind(settings, "episodes", platform_name)
+
+
 def _check_admission(config, platform_name: str) -> None:
   """Episodes admitted on the slot engine sample with temperature and top-p only."""
   if not config.sampling.top_k:
     return
-  from jaxrl_llm import sampling  # pylint: disable=g-import-not-at-top
-  settings = sampling.settings.from_config(config.sampling, eos_ids=(), pad_id=0)
-  if sampling.engine_kind(settings, "episodes", platform_name) == "slots":
+  if episode_engine(config, platform_name) == "slots":
     _fail("sampling.top_k", config.sampling.top_k, "0 with episodes admitted one at a time "
           f"(config.sampling.engine={config.sampling.engine!r} samples them with temperature "
           "and top-p), or config.sampling.engine='static' (turn-synchronous episodes)")

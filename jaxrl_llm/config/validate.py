@@ -321,7 +321,7 @@ def _check_partial(config, where: str) -> None:
   elif any(source.env.get("agent") for source in sources_lib.run_sources(config)):
     why = "False: an agent program's episodes do not span publishes yet (docs/agents.md)"
   elif (any(source.multi_turn for source in sources_lib.run_sources(config))
-        and _episode_engine(config, where) == "turns"):
+        and env_checks.episode_engine(config, where) == "turns"):
     why = (f"False, or sampling.engine='continuous' (episodes span publishes on the slot "
            f"engine; sampling.engine={config.sampling.engine!r} plays them turn by turn in "
            f"lockstep on {where})")
@@ -335,12 +335,6 @@ def _check_partial(config, where: str) -> None:
           f"top_k={config.sampling.top_k})"
   if why:
     _fail("rollouts.partial", True, why)
-
-
-def _episode_engine(config, where: str) -> str:
-  """'turns' or 'slots': what plays this run's episodes on platform `where`."""
-  settings = sampling.settings.from_config(config.sampling, eos_ids=(), pad_id=0)
-  return sampling.engine_kind(settings, "episodes", where)
 
 
 def _times_agent_samples(config) -> str:
