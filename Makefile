@@ -9,6 +9,14 @@ PIP_INSTALL = $(PY) -m pip install -q --no-compile
 unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 PY := $(VENV)/bin/python
+# The installs go through uv's pip interface (it resolves and installs in parallel: the test
+# environment from a clean clone in about 15 s, pip's took 80), with pip's own indexes,
+# find-links and constraints (.ci/uv_flags.py); through pip where uv cannot be installed or
+# fails. Neither byte-compiles.
+UV := $(VENV)/bin/uv
+DEMO_PACKAGES := -e ".[demo]"
+TEST_PACKAGES := -e ".[test,demo,tpu]"
+INSTALL = $(UV) pip install -q --python $(PY) $$($(PY) .ci/uv_flags.py) $(1) || $(PIP_INSTALL) $(1)
 DEMO_STAMP := $(VENV)/.demo-installed
 TEST_STAMP := $(VENV)/.test-installed
 DEMO_DIR ?= workdir/demo
@@ -17,14 +25,14 @@ DEMO_DIR ?= workdir/demo
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip uv || $(PY) -m pip install -q --upgrade pip
 
 $(DEMO_STAMP): setup.py | $(PY)
-	$(PIP_INSTALL) -e ".[demo]"
+	$(call INSTALL,$(DEMO_PACKAGES))
 	touch $@
 
 $(TEST_STAMP): setup.py | $(PY)
-	$(PIP_INSTALL) -e ".[test,demo,tpu]"
+	$(call INSTALL,$(TEST_PACKAGES))
 	touch $@ $(DEMO_STAMP)
 
 # The full development environment (what the tests and the benchmarks use).

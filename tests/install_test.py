@@ -10,7 +10,7 @@ folder of their own, and only that folder is on the fresh environment's path (th
 path file, which runs none of the test environment's own path files, so the repository's
 editable install stays out), so a requirement missing from setup.py (one the test extras
 bring, as torch brings jinja2) is missing there too. The tests need no network, except the
-dry run of `make demo`'s pip install.
+dry run of `make demo`'s install.
 """
 import collections
 import email
@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow_file(
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ("setup.py", "README.md", "jaxrl_llm", "configs")  # what setup.py packages
+UV = os.path.join(os.path.dirname(sys.executable), "uv")  # make's installer (Makefile)
 
 
 def run(cmd, **kwargs):
@@ -215,18 +216,20 @@ class DemoEnvironmentTest(absltest.TestCase):
     without PyTorch (the test extras bring it, for the parity tests)."""
     plan = run(["make", "-n", "-B", "demo"], cwd=REPO).stdout
     installs = [line for line in plan.splitlines() if "pip install" in line and " -e " in line]
-    self.assertEqual(len(installs), 1, plan)
-    self.assertIn('-e ".[demo]"', installs[0])
+    self.assertEqual(len(installs), 1, plan)  # uv's, or pip's where uv fails: both the demo's
+    self.assertEqual(installs[0].count('-e ".[demo]"'), 2, installs[0])
     tmp = self.create_tempdir().full_path
     venv = os.path.join(tmp, "venv")
     run([sys.executable, "-m", "venv", "--without-pip", venv])
-    report = os.path.join(tmp, "report.json")
-    # What pip would install into a fresh environment (resolved from the registry; nothing
-    # installed): the demo's dependencies.
-    run([sys.executable, "-m", "pip", "--python", os.path.join(venv, "bin", "python"), "install",
-         "-q", "--dry-run", "--ignore-installed", "--report", report, REPO + "[demo]"])
-    with open(report) as f:
-      names = {item["metadata"]["name"].lower() for item in json.load(f)["install"]}
+    self.assertTrue(os.path.exists(UV), "make installs uv into the test environment")
+    # What uv would install into a fresh environment, as `make demo` runs it (resolved from
+    # the registry; nothing installed): the demo's dependencies.
+    flags = run([sys.executable, os.path.join(REPO, ".ci", "uv_flags.py")]).stdout.split()
+    plan = run([UV, "pip", "install", "--dry-run", "--python", os.path.join(venv, "bin", "python"),
+                *flags, REPO + "[demo]"]).stderr
+    names = {line.split()[1].split("==")[0] for line in plan.splitlines()
+             if line.startswith(" + ")}
+    self.assertIn("jaxrl-llm", names)
     self.assertIn("tensorboard", names)
     self.assertIn("matplotlib", names)
     self.assertNotIn("torch", names)
