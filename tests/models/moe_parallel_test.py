@@ -137,9 +137,11 @@ class ExpertParallelLayerTest(parameterized.TestCase):
 
   @parameterized.named_parameters(("expert4_data2", "expert4_data2"),
                                   ("tokens_over_tensor", "tokens_over_tensor"))
-  @pytest.mark.optimized  # unoptimised, XLA rounds one gradient of 1,536 1.6e-5 off (tol 1e-5)
   def test_routing_replay_equals_one_device(self, mesh_name):
-    got, _ = self._compare(mesh_name, replayed=True)
+    # Compiled unoptimised, XLA rounds one or two gradients of 1,536 up to 1.6e-5 off one
+    # device's (measured: 1.56e-5 and 1.15e-5), hence 2e-5; optimised, they were within 1e-5,
+    # for eight times the test's time.
+    got, _ = self._compare(mesh_name, replayed=True, tol=2e-5)
     _, replay, _ = _inputs()
     replayed = np.asarray(replay) >= 0
     np.testing.assert_array_equal(np.asarray(got[1])[replayed], np.asarray(replay)[replayed])
