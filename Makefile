@@ -49,8 +49,11 @@ demo: $(DEMO_STAMP)
 # last listing is the budget: any test over 30 s or file over 90 s, and why it must be.
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 BUDGET := .pytest_cache/budget
+# The mesh session collects only the files that mark tests `mesh` (each worker imports what
+# it collects; tests/conftest.py refuses a mesh test in a file this would miss).
+MESH_FILES = $(shell grep -rl --include='*_test.py' 'pytest.mark.mesh' tests)
 SESSIONS = status=0; rm -rf $(BUDGET); \
-	JAXRL_TEST_BUDGET=$(BUDGET) JAXRL_TEST_DEVICES=8 $(PYTEST) $(1) -m mesh tests || status=$$?; \
+	JAXRL_TEST_BUDGET=$(BUDGET) JAXRL_TEST_DEVICES=8 $(PYTEST) $(1) -m mesh $(MESH_FILES) || status=$$?; \
 	JAXRL_TEST_BUDGET=$(BUDGET) JAXRL_TEST_DEVICES=1 $(PYTEST) $(2) -m "not mesh" tests || status=$$?; \
 	exit $$status
 

@@ -112,6 +112,17 @@ def _xla_optimizations(request):
     jax.clear_caches()
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects them
+def pytest_collection_modifyitems(items):
+  """`make test`'s mesh session collects only the files that say `pytest.mark.mesh`
+  (Makefile: MESH_FILES): a test marked `mesh` otherwise would run in neither session."""
+  for item in items:
+    if item.get_closest_marker("mesh") and "pytest.mark.mesh" not in item.path.read_text():
+      raise pytest.UsageError(f"{item.nodeid} is marked mesh, but its file does not say "
+                              "`pytest.mark.mesh`, which `make test` selects the mesh "
+                              "session's files by: mark it so")
+
+
 def pytest_runtest_setup(item):
   if item.get_closest_marker("mesh") and jax.device_count() < 8:
     pytest.skip(f"needs the 8-device mesh; this session has {jax.device_count()} "
