@@ -16,7 +16,8 @@ PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 DEMO_PACKAGES := -e ".[demo]"
 TEST_PACKAGES := -e ".[test,demo,tpu]"
-INSTALL = $(UV) pip install -q --python $(PY) $$($(PY) .ci/uv_flags.py) $(1) || $(PIP_INSTALL) $(1)
+INSTALL = { flags=$$($(PY) .ci/uv_flags.py) && $(UV) pip install -q --python $(PY) $$flags $(1); } \
+	|| $(PIP_INSTALL) $(1)
 DEMO_STAMP := $(VENV)/.demo-installed
 TEST_STAMP := $(VENV)/.test-installed
 DEMO_DIR ?= workdir/demo
