@@ -116,8 +116,13 @@ def _xla_optimizations(request):
 def pytest_collection_modifyitems(items):
   """`make test`'s mesh session collects only the files that say `pytest.mark.mesh`
   (Makefile: MESH_FILES): a test marked `mesh` otherwise would run in neither session."""
+  marked = {}  # file -> whether it says so (read once per file)
   for item in items:
-    if item.get_closest_marker("mesh") and "pytest.mark.mesh" not in item.path.read_text():
+    if not item.get_closest_marker("mesh"):
+      continue
+    if item.path not in marked:
+      marked[item.path] = "pytest.mark.mesh" in item.path.read_text()
+    if not marked[item.path]:
       raise pytest.UsageError(f"{item.nodeid} is marked mesh, but its file does not say "
                               "`pytest.mark.mesh`, which `make test` selects the mesh "
                               "session's files by: mark it so")
